@@ -1,0 +1,49 @@
+"""valuelab: targets for training the value model (critic) of PPO on language models.
+
+Every function names the equation it implements and the chapter of the book
+that derives it. The package is cut by concept, one hop from formula to code:
+
+=====================  =====================================================  ==========
+module                 what                                                   chapter
+=====================  =====================================================  ==========
+``returns``            Monte-Carlo return, TD(0) target, n-step return        1, 2, 4
+``advantages``         TD error, GAE advantages and the λ-return              4, 5
+``rewards``            per-token KL penalty (k1, k2, k3) + score on EOS       3
+``losses``             value loss (plain, PPO-clipped), masked mean/whiten    6
+``reference``          literal numpy transcriptions: the tests' oracle        all
+``runtime``            device choice (cuda, else cpu) and seeding             all
+``_checks``            argument validation shared by all of the above
+``_scan``              hole compaction and the backward scan they all use
+=====================  =====================================================  ==========
+
+Conventions (notation page of the book): tensors are ``(T,)`` or ``(B, T)``;
+``values[..., t]`` is :math:`V(s_t)`, the value of the state before token
+:math:`t`; after the last valid token the next value is ``bootstrap``
+(default 0: EOS ends the episode); masked tokens (padding or holes) are
+skipped and get 0 in every output.
+"""
+
+from .advantages import GAEResult, gae, td_errors
+from .losses import masked_mean, masked_whiten, value_loss
+from .returns import discounted_returns, nstep_returns, td_targets
+from .rewards import kl_penalty, kl_shaped_rewards, last_token_onehot
+from .runtime import pick_device, seed_everything
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "discounted_returns",
+    "td_targets",
+    "nstep_returns",
+    "td_errors",
+    "gae",
+    "GAEResult",
+    "kl_penalty",
+    "kl_shaped_rewards",
+    "last_token_onehot",
+    "masked_mean",
+    "masked_whiten",
+    "value_loss",
+    "pick_device",
+    "seed_everything",
+]

@@ -1,0 +1,155 @@
+"""Argument validation shared by every public function of :mod:`valuelab`.
+
+Each checker either returns a cleaned-up value or raises a :class:`TypeError`
+(wrong kind of object, wrong dtype) or :class:`ValueError` (wrong shape, wrong
+range, non-finite entries) whose message starts with the argument's name.
+Nothing downstream ever has to guard against a silent NaN.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Union
+
+import torch
+
+Scalar = Union[float, int]
+ScalarOrTensor = Union[float, int, torch.Tensor]
+
+__all__ = [
+    "check_sequence_tensor",
+    "check_like",
+    "check_mask",
+    "check_unit_interval",
+    "check_bootstrap",
+    "check_positive_int",
+    "check_nonnegative_scalar",
+]
+
+
+def _require_finite(x: torch.Tensor, name: str) -> None:
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} must be finite: it contains NaN or inf")
+
+
+def check_sequence_tensor(x: object, name: str) -> torch.Tensor:
+    """A float tensor of shape ``(T,)`` or ``(B, T)`` with finite entries."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not torch.is_floating_point(x):
+        raise TypeError(f"{name} must have a floating dtype (float32 or float64), got {x.dtype}")
+    if x.dim() not in (1, 2):
+        raise ValueError(f"{name} must have shape (T,) or (B, T), got {tuple(x.shape)}")
+    _require_finite(x, name)
+    return x
+
+
+def check_like(x: object, name: str, like: torch.Tensor, like_name: str) -> torch.Tensor:
+    """A tensor with the same shape, dtype and device as ``like``."""
+    x = check_sequence_tensor(x, name)
+    if x.shape != like.shape:
+        raise ValueError(
+            f"{name} must have the same shape as {like_name}: {tuple(x.shape)} != {tuple(like.shape)}"
+        )
+    if x.dtype != like.dtype:
+        raise TypeError(f"{name} must have the same dtype as {like_name}: {x.dtype} != {like.dtype}")
+    if x.device != like.device:
+        raise ValueError(f"{name} must be on the same device as {like_name}: {x.device} != {like.device}")
+    return x
+
+
+def check_mask(mask: object, like: torch.Tensor, name: str = "mask") -> torch.Tensor:
+    """A boolean version of ``mask`` (all ones when ``mask`` is None).
+
+    ``mask`` may be bool or numeric, but a numeric mask may only hold 0 and 1.
+    """
+    if mask is None:
+        return torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.shape != like.shape:
+        raise ValueError(f"{name} must have shape {tuple(like.shape)}, got {tuple(mask.shape)}")
+    if mask.device != like.device:
+        raise ValueError(f"{name} must be on the same device as the data: {mask.device} != {like.device}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex():
+        raise TypeError(f"{name} must be bool or real 0/1, got {mask.dtype}")
+    if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"{name} must hold only 0 and 1 (or be a bool tensor)")
+    return mask != 0
+
+
+def check_unit_interval(x: object, name: str, like: torch.Tensor) -> torch.Tensor:
+    """``x`` (a float or a tensor) in [0, 1], broadcast to ``like``'s shape, dtype and device."""
+    if isinstance(x, bool):
+        raise TypeError(f"{name} must be a float or a tensor, not bool")
+    if isinstance(x, numbers.Real):
+        t = torch.tensor(float(x), dtype=like.dtype, device=like.device)
+    elif isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"{name} must be a real float tensor, got {x.dtype}")
+        t = x.to(device=like.device, dtype=like.dtype)
+    else:
+        raise TypeError(f"{name} must be a float or a torch.Tensor, got {type(x).__name__}")
+    if t.numel() and bool(torch.isnan(t).any()):
+        raise ValueError(f"{name} must not be NaN")
+    if t.numel() and not bool(((t >= 0) & (t <= 1)).all()):
+        raise ValueError(f"{name} must lie in [0, 1]")
+    try:
+        return torch.broadcast_to(t, like.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} of shape {tuple(t.shape)} does not broadcast to {tuple(like.shape)}; "
+            "a per-sequence value for a (B, T) batch has shape (B, 1)"
+        ) from None
+
+
+def check_bootstrap(bootstrap: object, like: torch.Tensor, name: str = "bootstrap") -> torch.Tensor:
+    """The value after the last valid token: a tensor of shape ``like.shape[:-1]`` (default 0)."""
+    batch_shape = like.shape[:-1]
+    if bootstrap is None:
+        return torch.zeros(batch_shape, dtype=like.dtype, device=like.device)
+    if isinstance(bootstrap, bool):
+        raise TypeError(f"{name} must be a float or a tensor, not bool")
+    if isinstance(bootstrap, numbers.Real):
+        b = torch.full(batch_shape, float(bootstrap), dtype=like.dtype, device=like.device)
+    elif isinstance(bootstrap, torch.Tensor):
+        if not torch.is_floating_point(bootstrap):
+            raise TypeError(f"{name} must have a floating dtype, got {bootstrap.dtype}")
+        if bootstrap.shape != batch_shape:
+            raise ValueError(
+                f"{name} must be a float or have shape {tuple(batch_shape)} (rewards.shape[:-1]), "
+                f"got {tuple(bootstrap.shape)}"
+            )
+        b = bootstrap.to(device=like.device, dtype=like.dtype)
+    else:
+        raise TypeError(f"{name} must be a float or a torch.Tensor, got {type(bootstrap).__name__}")
+    _require_finite(b, name)
+    return b
+
+
+def check_positive_int(n: object, name: str) -> int:
+    """A Python int (not bool) that is at least 1."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int, got {type(n).__name__}")
+    if int(n) < 1:
+        raise ValueError(f"{name} must be a positive int, got {n}")
+    return int(n)
+
+
+def check_nonnegative_scalar(x: object, name: str) -> float:
+    """A finite real number that is at least 0."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    x = float(x)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {x}")
+    if x < 0:
+        raise ValueError(f"{name} must be non-negative, got {x}")
+    return x
+
+
+def optional_like(x: Optional[object], name: str, like: torch.Tensor, like_name: str) -> Optional[torch.Tensor]:
+    """``check_like`` that lets None through."""
+    return None if x is None else check_like(x, name, like, like_name)

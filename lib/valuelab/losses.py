@@ -1,0 +1,114 @@
+"""The critic's loss and the masked statistics it needs.
+
+Derived in ``chapters/06_value_loss``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._checks import check_like, check_mask, check_nonnegative_scalar, check_sequence_tensor, optional_like
+from ._scan import as_batch
+
+__all__ = ["masked_mean", "masked_whiten", "value_loss", "AGGREGATIONS"]
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def _mask_for(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return check_mask(mask, x).to(x.dtype)
+
+
+def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optional[int] = None) -> torch.Tensor:
+    r"""Mean of ``x`` over the entries where ``mask`` is 1: :math:`\sum_t m_t x_t / \sum_t m_t`.
+
+    With ``dim=None`` the mean is over all valid entries of the batch (a
+    scalar); otherwise along ``dim``. Where no entry is valid the mean is 0,
+    never NaN.
+    """
+    x = check_sequence_tensor(x, "x")
+    m = _mask_for(x, mask)
+    if dim is None:
+        return (x * m).sum() / m.sum().clamp(min=1)
+    return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
+
+
+def masked_whiten(
+    x: torch.Tensor, mask: Optional[torch.Tensor] = None, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    r"""Normalise ``x`` with the mean and unbiased variance of its valid entries.
+
+    :math:`(x - \mu)\,/\sqrt{\sigma^2 + \epsilon}` (``eps`` inside the square
+    root), with :math:`\mu,\sigma^2` over valid entries only: padding never
+    enters the statistics (chapter 6). With ``shift_mean=False`` the mean is
+    added back. Masked entries of the result are 0.
+
+    Raises:
+        ValueError: fewer than two valid entries (the unbiased variance is undefined).
+    """
+    x = check_sequence_tensor(x, "x")
+    m = _mask_for(x, mask)
+    eps = check_nonnegative_scalar(eps, "eps")
+    count = m.sum()
+    if count < 2:
+        raise ValueError("mask must select at least two entries to whiten (unbiased variance)")
+    mean = (x * m).sum() / count
+    centred = (x - mean) * m
+    var = (centred * centred).sum() / (count - 1)
+    out = centred * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * m
+
+
+def value_loss(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    old_values: Optional[torch.Tensor] = None,
+    clip_range: Optional[float] = None,
+    aggregation: str = "token-mean",
+) -> torch.Tensor:
+    r"""Critic loss :math:`\tfrac12\,\overline{(V_\phi(s_t) - \hat G_t)^2}`, equation ``(eq-value-loss)`` of chapter 6.
+
+    With ``clip_range`` :math:`c` it is PPO's clipped form ``(eq-value-clip)``
+    :math:`\tfrac12\max\big((V-\hat G)^2, (\mathrm{clip}(V, V_\text{old}-c, V_\text{old}+c)-\hat G)^2\big)`.
+
+    Args:
+        values: :math:`V_\phi(s_t)` from the critic being trained (carries the gradient).
+        returns: targets :math:`\hat G_t` (treated as constants: they are detached).
+        mask: generated tokens; only they enter the mean.
+        old_values: :math:`V_\text{old}(s_t)`, needed with ``clip_range``.
+        clip_range: :math:`c \ge 0` or None for no clipping.
+        aggregation: ``"token-mean"`` (every valid token of the batch weighs the
+            same), ``"seq-mean-token-mean"`` (mean per sequence, then over
+            sequences) or ``"seq-mean-token-sum"`` (sum per sequence, then mean).
+
+    Returns:
+        A scalar tensor.
+    """
+    values = check_sequence_tensor(values, "values")
+    returns = check_like(returns, "returns", values, "values").detach()
+    m = _mask_for(values, mask)
+    old_values = optional_like(old_values, "old_values", values, "values")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    sq = (values - returns) ** 2
+    if clip_range is not None:
+        c = check_nonnegative_scalar(clip_range, "clip_range")
+        if old_values is None:
+            raise ValueError("clip_range needs old_values (the critic's values when the targets were built)")
+        old = old_values.detach()
+        clipped = old + (values - old).clamp(-c, c)
+        sq = torch.maximum(sq, (clipped - returns) ** 2)
+    sq, m = as_batch(sq), as_batch(m)
+    if aggregation == "token-mean":
+        return 0.5 * (sq * m).sum() / m.sum().clamp(min=1)
+    per_seq = (sq * m).sum(-1)
+    if aggregation == "seq-mean-token-mean":
+        per_seq = per_seq / m.sum(-1).clamp(min=1)
+    nonempty = (m.sum(-1) > 0).to(sq.dtype)  # an empty sequence has no token to average
+    return 0.5 * (per_seq * nonempty).sum() / nonempty.sum().clamp(min=1)

@@ -1,0 +1,104 @@
+"""Targets for the critic built from rewards: Monte Carlo, TD(0) and n-step.
+
+Derived in ``chapters/01_value_function_mc`` (Monte-Carlo return),
+``chapters/02_td_targets`` (TD target) and ``chapters/04_nstep`` (n-step return).
+Conventions (notation page): ``values[..., t]`` is :math:`V(s_t)`, the value of
+the state *before* token :math:`t`; after the last valid token the next value
+is ``bootstrap`` (0 when EOS ended the episode); masked tokens are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ._checks import check_positive_int
+from ._scan import backward_scan, prepare, shift_next
+
+FloatOrTensor = Union[float, torch.Tensor]
+
+__all__ = ["discounted_returns", "td_targets", "nstep_returns"]
+
+
+def _zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def discounted_returns(
+    rewards: torch.Tensor,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    gamma: FloatOrTensor = 1.0,
+    bootstrap: Optional[FloatOrTensor] = None,
+) -> torch.Tensor:
+    r"""Monte-Carlo return :math:`G_t=\sum_{k=t}^{T}\gamma^{k-t} r_k + \gamma^{T-t+1} V(s_{T+1})`.
+
+    Equation ``(eq-mc-return)`` of chapter 1, computed through its recursion
+    :math:`G_t = r_t + \gamma_t G_{t+1}` ``(eq-mc-recursion)`` with
+    :math:`G_{T+1}` = ``bootstrap``.
+
+    Args:
+        rewards: per-token rewards, shape ``(T,)`` or ``(B, T)``, float.
+        mask: 1/True on generated tokens; masked tokens are skipped (no reward,
+            no discount) and get return 0.
+        gamma: discount in [0, 1]; a float or a tensor broadcastable to
+            ``rewards`` (``(B, 1)`` per sequence, ``(B, T)`` per step, where
+            ``gamma[t]`` discounts everything after token ``t``).
+        bootstrap: value of the state after the last valid token (default 0).
+
+    Returns:
+        Tensor of ``rewards``' shape, dtype and device.
+    """
+    p = prepare(rewards, None, mask, gamma, bootstrap, need_values=False)
+    valid = p.packed.valid
+    zero = _zero(p.rewards)
+    tail = shift_next(torch.zeros_like(p.rewards), valid, p.bootstrap)  # bootstrap at the last token only
+    x = torch.where(valid, p.rewards + p.gamma * tail, zero)
+    d = torch.where(valid, p.gamma, zero)
+    return p.out(backward_scan(x, d))
+
+
+def td_targets(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    gamma: FloatOrTensor = 1.0,
+    bootstrap: Optional[FloatOrTensor] = None,
+) -> torch.Tensor:
+    r"""TD(0) target :math:`r_t + \gamma V(s_{t+1})`, equation ``(eq-td-target)`` of chapter 2.
+
+    ``values`` should come from the frozen (old) critic :math:`V_{\bar\phi}`.
+    Past the last valid token :math:`V(s_{T+1})` is ``bootstrap``; masked
+    tokens are skipped and get 0. Arguments as in :func:`discounted_returns`.
+    """
+    p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
+    v_next = shift_next(p.values, p.packed.valid, p.bootstrap)
+    return p.out(p.rewards + p.gamma * v_next)
+
+
+def nstep_returns(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    n: int,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    gamma: FloatOrTensor = 1.0,
+    bootstrap: Optional[FloatOrTensor] = None,
+) -> torch.Tensor:
+    r"""n-step return :math:`G_t^{(n)}=\sum_{k=t}^{t+n-1}\gamma^{k-t}r_k+\gamma^n V(s_{t+n})`.
+
+    Equation ``(eq-nstep-return)`` of chapter 4. When :math:`t+n > T+1` the
+    window runs past the end and the return is the Monte-Carlo return plus
+    the discounted ``bootstrap``. Computed through
+    :math:`G^{(k)}_t = r_t + \gamma_t G^{(k-1)}_{t+1}`, :math:`G^{(0)}_t = V(s_t)`.
+    ``n = 1`` is :func:`td_targets`. Other arguments as in :func:`td_targets`.
+    """
+    n = check_positive_int(n, "n")
+    p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
+    valid = p.packed.valid
+    g = p.values
+    for _ in range(min(n, p.rewards.shape[-1])):  # after T steps every window has left the sequence
+        g = p.rewards + p.gamma * shift_next(g, valid, p.bootstrap)
+    return p.out(g)

@@ -1,0 +1,92 @@
+"""Per-token rewards of RLHF: a KL penalty on every token, the reward-model score on the last.
+
+Derived in ``chapters/03_kl_rewards``. With the log-ratio
+:math:`\\rho_t = \\log\\pi_\\text{old}(a_t|s_t) - \\log\\pi_\\text{ref}(a_t|s_t)` the
+three classical estimators of :math:`\\mathrm{KL}(\\pi_\\text{old}\\|\\pi_\\text{ref})`
+are (Schulman's "approximating KL" note):
+
+* ``k1`` = :math:`\\rho` (unbiased, can be negative),
+* ``k2`` = :math:`\\rho^2/2` (biased, low variance),
+* ``k3`` = :math:`e^{-\\rho} - 1 + \\rho` (unbiased, never negative).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ._checks import check_bootstrap, check_like, check_mask, check_nonnegative_scalar, check_sequence_tensor
+from ._scan import as_batch
+
+__all__ = ["kl_penalty", "kl_shaped_rewards", "last_token_onehot", "KL_ESTIMATORS"]
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    r"""Per-token estimate of :math:`\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})`, equation ``(eq-kl-estimators)`` of chapter 3.
+
+    ``logprobs`` are :math:`\log\pi_\text{old}(a_t|s_t)` of the sampled tokens,
+    ``ref_logprobs`` the reference model's log-probabilities of the same tokens.
+    """
+    logprobs = check_sequence_tensor(logprobs, "logprobs")
+    ref_logprobs = check_like(ref_logprobs, "ref_logprobs", logprobs, "logprobs")
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    rho = logprobs - ref_logprobs
+    if estimator == "k1":
+        return rho
+    if estimator == "k2":
+        return 0.5 * rho * rho
+    return torch.expm1(-rho) + rho
+
+
+def last_token_onehot(mask: torch.Tensor) -> torch.Tensor:
+    """A bool tensor, True at the last True entry of each row of ``mask`` (none for an empty row).
+
+    The slot where the reward-model score belongs: the last *generated* token
+    (EOS), never the first padding slot after it (chapter 3, "where the score goes").
+    """
+    m = as_batch(mask)
+    T = m.shape[-1]
+    out = torch.zeros_like(m)
+    if T == 0:
+        return out.reshape(mask.shape)
+    last = T - 1 - torch.flip(m, dims=[-1]).to(torch.int8).argmax(-1)
+    out.scatter_(-1, last.unsqueeze(-1), m.any(-1, keepdim=True))
+    return out.reshape(mask.shape)
+
+
+def kl_shaped_rewards(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    score: Union[float, torch.Tensor],
+    *,
+    mask: Optional[torch.Tensor] = None,
+    beta: float = 0.05,
+    estimator: str = "k1",
+) -> torch.Tensor:
+    r"""Token rewards :math:`r_t = -\beta\,k(\rho_t) + [t = T]\, r_\phi(x, y)`, equation ``(eq-kl-reward)`` of chapter 3.
+
+    Args:
+        logprobs: :math:`\log\pi_\text{old}(a_t|s_t)`, shape ``(T,)`` or ``(B, T)``.
+        ref_logprobs: :math:`\log\pi_\text{ref}(a_t|s_t)`, same shape.
+        score: reward-model score per sequence, shape ``logprobs.shape[:-1]``
+            (a float is broadcast). It is added on the last valid token.
+        mask: generated tokens; masked tokens get reward 0.
+        beta: KL coefficient :math:`\beta \ge 0`.
+        estimator: ``"k1"`` (the usual choice in the reward), ``"k2"`` or ``"k3"``.
+
+    Returns:
+        Rewards of ``logprobs``' shape, dtype and device. An all-masked row is
+        all zeros (there is no token to carry its score).
+    """
+    per_token = kl_penalty(logprobs, ref_logprobs, estimator)
+    beta = check_nonnegative_scalar(beta, "beta")
+    m = check_mask(mask, logprobs)
+    s = check_bootstrap(score, logprobs, "score")
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    rewards = torch.where(m, -beta * per_token, zero)
+    last = last_token_onehot(m)
+    return rewards + torch.where(last, s.unsqueeze(-1), zero)

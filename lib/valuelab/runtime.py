@@ -1,0 +1,27 @@
+"""Device choice and seeding, shared by every chapter (see CONTRIBUTING.md)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["pick_device", "seed_everything"]
+
+
+def pick_device() -> torch.device:
+    """``cuda`` when a GPU is present, else ``cpu``: the one code path of every chapter."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, numpy and torch (CPU and CUDA); return a CPU ``torch.Generator`` seeded the same."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return torch.Generator().manual_seed(seed)

@@ -1,0 +1,48 @@
+"""Chapters are stored executed (nbval silently skips unrun cells) and the TOC lists them all."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted(p for p in (ROOT / "chapters").glob("*.ipynb"))
+
+
+def test_there_are_chapters():
+    assert CHAPTERS, "no chapter notebooks found"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_notebook_stored_executed_in_order(path):
+    nb = json.loads(path.read_text())
+    counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert counts, f"{path.name} has no code cells"
+    assert None not in counts, f"{path.name}: {counts.count(None)} code cell(s) never executed"
+    assert counts == list(range(1, len(counts) + 1)), f"{path.name} not executed top to bottom in one kernel: {counts}"
+    for c in nb["cells"]:
+        for out in c.get("outputs", []):
+            assert out.get("output_type") != "error", f"{path.name} stores an error output"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_notebook_outputs_have_no_absolute_paths_or_pngs_from_sympy(path):
+    nb = json.loads(path.read_text())
+    text = json.dumps([c.get("outputs", []) for c in nb["cells"]])
+    assert "/work/" not in text and "/home/" not in text and "/root/" not in text, f"{path.name}: absolute path in outputs"
+
+
+def _toc_files(toc: str) -> set[str]:
+    return {m.strip().strip("\"'") for m in re.findall(r"^\s*-?\s*file:\s*(\S+)", toc, flags=re.M)}
+
+
+def test_toc_and_chapters_list_the_same_notebooks():
+    toc = _toc_files((ROOT / "_toc.yml").read_text())
+    in_toc = {f for f in toc if f.startswith("chapters/")}
+    on_disk = {f"chapters/{p.stem}" for p in CHAPTERS}
+    assert in_toc == on_disk, f"only in _toc.yml: {in_toc - on_disk}; only in chapters/: {on_disk - in_toc}"
+    for f in toc:
+        assert any((ROOT / f"{f}{ext}").exists() for ext in (".md", ".ipynb")), f"_toc.yml names missing file {f}"
