@@ -7,7 +7,8 @@ TORCH_SPEC ?= torch==2.13.0
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.installed
 
-.PHONY: test unit nbval book execute clean
+.PHONY: test unit nbval book execute mathjax clean
+MATHJAX    := .cache/node_modules/mathjax/es5/tex-chtml.js
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +22,15 @@ $(STAMP): requirements.txt pyproject.toml
 ## make test: unit tests, every chapter under strict nbval, and the -W book build.
 test: unit nbval book
 
-unit: $(STAMP)
+unit: $(STAMP) mathjax
 	$(BIN)/python -m pytest -q tests
+
+## make mathjax: a local MathJax for the offline browser test (tests/test_browser.py), from npm.
+mathjax: $(MATHJAX)
+$(MATHJAX):
+	@if command -v npm >/dev/null 2>&1; then \
+	  mkdir -p .cache && npm install --prefix .cache --no-audit --no-fund --silent mathjax@3; \
+	else echo "npm not found: tests/test_browser.py will be skipped"; fi
 
 nbval: $(STAMP)
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env \
@@ -39,4 +47,4 @@ execute: $(STAMP)
 	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
 
 clean:
-	rm -rf _build $(VENV)
+	rm -rf _build $(VENV) .cache

@@ -1,0 +1,144 @@
+"""Every page of the built book in a real headless browser: math typeset, images loaded.
+
+Needs Debian's chromium and chromium-driver and the npm package mathjax@3 in
+.cache/ (``make mathjax``); `.ci/run` installs all three. Skipped where they
+are absent. The book is built with a *local* MathJax (the default build uses
+the CDN, which this machine cannot reach) into _build/offline, served on
+127.0.0.1, and one screenshot per page is saved under _build/screenshots/.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MATHJAX = ROOT / ".cache" / "node_modules" / "mathjax" / "es5"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+OUT = ROOT / "_build" / "offline"
+SHOTS = ROOT / "_build" / "screenshots"
+
+HAVE_BROWSER = bool(CHROMIUM and DRIVER and MATHJAX.is_dir())
+if os.environ.get("REQUIRE_BROWSER") and not HAVE_BROWSER:  # CI sets it: never skip there
+    raise RuntimeError("REQUIRE_BROWSER is set but chromium, chromedriver or the local MathJax is missing")
+pytestmark = pytest.mark.skipif(
+    not HAVE_BROWSER, reason="needs chromium, chromedriver and .cache/node_modules/mathjax (make mathjax)"
+)
+
+
+def _toc_pages() -> list[str]:
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(items):
+        for it in items or []:
+            if "file" in it:
+                pages.append(it["file"])
+            walk(it.get("chapters")), walk(it.get("sections"))
+
+    for part in toc.get("parts", []):
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return pages
+
+
+def _build_offline() -> Path:
+    """Build the book with MathJax served from the book itself (outside the auto-included _static)."""
+    import yaml
+
+    cfg_dir = OUT / "cfg"
+    shutil.rmtree(OUT, ignore_errors=True)
+    (cfg_dir / "extra" / "_static").mkdir(parents=True)
+    shutil.copytree(MATHJAX, cfg_dir / "extra" / "_static" / "mathjax")
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    cfg["sphinx"]["config"]["mathjax_path"] = "mathjax/tex-chtml.js"
+    cfg["sphinx"]["config"]["html_extra_path"] = [str(cfg_dir / "extra")]
+    cfg["bibtex_bibfiles"] = [str(ROOT / b) for b in cfg["bibtex_bibfiles"]]
+    (cfg_dir / "_config.yml").write_text(yaml.safe_dump(cfg))
+    jb = Path(sys.executable).with_name("jupyter-book")
+    subprocess.run(
+        [str(jb), "build", str(ROOT), "--config", str(cfg_dir / "_config.yml"), "--path-output", str(OUT), "-W", "-n",
+         "--keep-going"],
+        check=True, capture_output=True, text=True,
+    )
+    return OUT / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def site():
+    html = _build_offline()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+                 "--no-first-run", "--disable-component-update", "--disable-sync", "--window-size=1280,1600"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    driver.set_script_timeout(60)
+    yield driver
+    driver.quit()
+
+
+WAIT_FOR_MATHJAX = """
+const done = arguments[arguments.length - 1];
+if (!window.MathJax || !MathJax.startup || !MathJax.startup.promise) { done("no-mathjax"); return; }
+MathJax.startup.promise.then(() => done("ok")).catch(e => done("error: " + e));
+"""
+
+INSPECT = """
+const body = document.querySelector("main") || document.body;
+const clone = body.cloneNode(true);
+clone.querySelectorAll("pre, code, script, style, mjx-container, .highlight").forEach(e => e.remove());
+const imgs = [...document.images].filter(i => i.offsetParent !== null || i.closest("main"));
+return {
+  math: document.querySelectorAll("mjx-container").length,
+  errors: document.querySelectorAll("mjx-merror").length,
+  // CHTML draws glyphs with CSS, so text inside typeset math is an undefined macro shown as text
+  undefinedMacros: [...document.querySelectorAll("mjx-container")].map(c => c.textContent).filter(t => /\\[A-Za-z]/.test(t)),
+  text: clone.innerText,
+  broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute("src")),
+  images: imgs.length,
+  hasMathMarkup: document.querySelectorAll(".math, .MathJax_Preview, span.math, div.math").length,
+};
+"""
+
+
+@pytest.mark.parametrize("page", _toc_pages())
+def test_page_renders(site, browser, page):
+    browser.get(f"{site}/{page}.html")
+    status = browser.execute_async_script(WAIT_FOR_MATHJAX)
+    info = browser.execute_script(INSPECT)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / (page.replace("/", "__") + ".png")))
+    if info["hasMathMarkup"]:
+        assert status == "ok", f"{page}: MathJax did not start ({status})"
+        assert info["math"] > 0, f"{page}: math markup present but nothing typeset"
+    assert info["errors"] == 0, f"{page}: {info['errors']} MathJax error(s)"
+    assert not info["undefinedMacros"], f"{page}: undefined TeX macros {info['undefinedMacros'][:5]}"
+    for raw in ("$$", "\\(", "\\)", "\\[", "\\begin{"):
+        assert raw not in info["text"], f"{page}: raw TeX {raw!r} left in the page"
+    assert not info["broken"], f"{page}: images failed to load: {info['broken']}"
