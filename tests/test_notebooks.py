@@ -46,3 +46,19 @@ def test_toc_and_chapters_list_the_same_notebooks():
     assert in_toc == on_disk, f"only in _toc.yml: {in_toc - on_disk}; only in chapters/: {on_disk - in_toc}"
     for f in toc:
         assert any((ROOT / f"{f}{ext}").exists() for ext in (".md", ".ipynb")), f"_toc.yml names missing file {f}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapter_follows_the_template(path):
+    """Colab setup cell first, a chapter label, imports from valuelab, at least two exercises with solutions."""
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    first = "".join(code[0]["source"])
+    assert '"google.colab" in sys.modules' in first, f"{path.name}: the first code cell must be the Colab setup cell"
+    md = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert re.match(r"\(ch-[\w-]+\)=", "".join(nb["cells"][0]["source"])), f"{path.name}: first cell must open with a (ch-...)= label"
+    assert "import valuelab" in "".join("".join(c["source"]) for c in code), f"{path.name}: chapters use valuelab"
+    exercises = re.findall(r"```\{exercise\}", md) + re.findall(r":::\{exercise\}", md)
+    solutions = re.findall(r"[`:]{3}\{solution\}", md)
+    assert len(exercises) >= 2, f"{path.name}: needs at least two exercises"
+    assert len(solutions) >= len(exercises), f"{path.name}: every exercise needs a solution"
