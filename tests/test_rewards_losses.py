@@ -107,3 +107,31 @@ def test_pick_device_and_seed():
     x = torch.rand(3)
     vl.seed_everything(3)
     assert torch.equal(x, torch.rand(3)) and isinstance(a, torch.Generator)
+
+
+def test_decoupled_gae_reuses_gae_with_two_lambdas():
+    g = torch.Generator().manual_seed(5)
+    r, v = torch.randn(3, 9, generator=g, dtype=torch.float64), torch.randn(3, 9, generator=g, dtype=torch.float64)
+    m = torch.rand(3, 9, generator=g) < 0.8
+    out = vl.decoupled_gae(r, v, mask=m, gamma=0.99, lam_actor=0.9, lam_critic=1.0)
+    assert torch.equal(out.advantages, vl.gae(r, v, mask=m, gamma=0.99, lam=0.9).advantages)
+    assert torch.equal(out.returns, vl.gae(r, v, mask=m, gamma=0.99, lam=1.0).returns)
+    # lam_critic = 1: the critic's target is the Monte-Carlo return, whatever the critic says
+    assert torch.allclose(out.returns, vl.discounted_returns(r, mask=m, gamma=0.99))
+
+
+def test_length_adaptive_lam():
+    lengths = torch.tensor([0, 10, 20, 100, 1000])
+    lam = vl.length_adaptive_lam(lengths, alpha=0.05)
+    assert lam.shape == (5, 1)
+    expected = [0.0, 0.0, 0.0, 1 - 1 / 5, 1 - 1 / 50]  # 1 - 1/(0.05 l), clamped to [0, 1]
+    assert lam.squeeze(-1).tolist() == pytest.approx(expected)
+    # lambda^l -> exp(-1/alpha): the relative decay over a whole response is fixed, not removed
+    long = vl.length_adaptive_lam(torch.tensor([10**6], dtype=torch.float64)).item()
+    assert long ** 10**6 == pytest.approx(np.exp(-20), rel=1e-3)
+    with pytest.raises(ValueError, match="alpha"):
+        vl.length_adaptive_lam(lengths, alpha=0.0)
+    with pytest.raises(ValueError, match="lengths"):
+        vl.length_adaptive_lam(torch.tensor([[3]]))
+    with pytest.raises(TypeError, match="lengths"):
+        vl.length_adaptive_lam([3, 4])

@@ -23,7 +23,7 @@ Conventions (notation page of the book): tensors are ``(T,)`` or ``(B, T)``;
 skipped and get 0 in every output.
 """
 
-from .advantages import GAEResult, gae, td_errors
+from .advantages import DecoupledGAE, GAEResult, decoupled_gae, gae, length_adaptive_lam, td_errors
 from .losses import masked_mean, masked_whiten, value_loss
 from .returns import discounted_returns, nstep_returns, td_targets
 from .rewards import kl_penalty, kl_shaped_rewards, last_token_onehot
@@ -38,6 +38,9 @@ __all__ = [
     "td_errors",
     "gae",
     "GAEResult",
+    "decoupled_gae",
+    "DecoupledGAE",
+    "length_adaptive_lam",
     "kl_penalty",
     "kl_shaped_rewards",
     "last_token_onehot",

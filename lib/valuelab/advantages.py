@@ -10,12 +10,12 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ._checks import check_unit_interval
+from ._checks import check_nonnegative_scalar, check_unit_interval
 from ._scan import as_batch, backward_scan, prepare, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
-__all__ = ["td_errors", "gae", "GAEResult"]
+__all__ = ["td_errors", "gae", "GAEResult", "decoupled_gae", "DecoupledGAE", "length_adaptive_lam"]
 
 
 class GAEResult(NamedTuple):
@@ -78,3 +78,60 @@ def gae(
     adv = backward_scan(delta, torch.where(valid, p.gamma * lam_t, zero))
     return GAEResult(p.out(adv), p.out(adv + p.values))
 
+
+
+class DecoupledGAE(NamedTuple):
+    """Output of :func:`decoupled_gae`: the actor's advantages and the critic's targets, from two λs."""
+
+    advantages: torch.Tensor
+    """:math:`\\hat A_t` with :math:`\\lambda_\\text{actor}`, used to train the policy."""
+    returns: torch.Tensor
+    """:math:`\\hat G_t` with :math:`\\lambda_\\text{critic}`, used to train the critic."""
+
+
+def decoupled_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    gamma: FloatOrTensor = 1.0,
+    lam_actor: FloatOrTensor = 0.95,
+    lam_critic: FloatOrTensor = 1.0,
+    bootstrap: Optional[FloatOrTensor] = None,
+) -> DecoupledGAE:
+    r"""Decoupled GAE (Yuan et al., 2025): advantages with :math:`\lambda_\text{actor}`, returns with :math:`\lambda_\text{critic}`.
+
+    Equation ``(eq-decoupled-gae)`` of chapter 9. The critic's target with
+    :math:`\lambda_\text{critic}=1` is the Monte-Carlo return, free of the
+    critic's own bias; the policy keeps a lower-variance
+    :math:`\lambda_\text{actor}<1`. ``lam_actor`` may be per sequence, e.g.
+    :func:`length_adaptive_lam`. Both outputs come from :func:`gae`; other
+    arguments as there.
+    """
+    kw = dict(mask=mask, gamma=gamma, bootstrap=bootstrap)
+    return DecoupledGAE(gae(rewards, values, lam=lam_actor, **kw).advantages, gae(rewards, values, lam=lam_critic, **kw).returns)
+
+
+def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
+    r"""Length-adaptive :math:`\lambda = 1 - 1/(\alpha\, l)` per sequence, clamped to [0, 1] (Yue et al., 2025).
+
+    Equation ``(eq-length-adaptive-lam)`` of chapter 9. ``lengths`` holds the
+    number of generated tokens :math:`l` of each sequence (shape ``(B,)``);
+    the result has shape ``(B, 1)``, ready for ``gae(..., lam=...)``. It keeps
+    :math:`\sum_l \lambda^l \approx \alpha l`, the effective horizon, a fixed
+    fraction of the length, so :math:`\lambda^l \to e^{-1/\alpha}`: the
+    relative decay is fixed, not removed.
+    """
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must have shape (B,), got {tuple(lengths.shape)}")
+    if lengths.numel() and bool((lengths < 0).any()):
+        raise ValueError("lengths must be non-negative")
+    alpha = check_nonnegative_scalar(alpha, "alpha")
+    if alpha == 0:
+        raise ValueError("alpha must be positive")
+    dtype = lengths.dtype if lengths.is_floating_point() else torch.float32
+    al = alpha * lengths.to(dtype)
+    lam = torch.where(al > 0, 1 - 1 / al.clamp(min=torch.finfo(dtype).tiny), torch.zeros((), dtype=dtype, device=lengths.device))
+    return lam.clamp(0.0, 1.0).unsqueeze(-1)
