@@ -196,3 +196,47 @@ def test_bad_data_and_critic_raise():
         TabularCritic("world")
     with pytest.raises(TypeError, match="rollout"):
         TinyCritic(5, 8)(r.tokens)
+
+
+def test_partial_exact_fit_moves_a_fraction_of_the_way_and_leaves_unvisited_states():
+    w = make_world(max_len=6, eos_prob=0.2, beta=0.1, seed=0)
+    r = sample(w, 64, 0, dtype=torch.float64)
+    critic = TabularCritic(w, init=0.5).double()
+    targets = critic_targets(r, critic(r), "gae", lam=0.8)
+    full = TabularCritic(w, init=0.5).double()
+    full.fit_exact_(r, targets)  # step 1: the per-state mean of the targets
+    critic.fit_exact_(r, targets, step=0.25)
+    visited = torch.zeros(w.n_states, dtype=torch.bool)
+    visited[r.states[r.mask]] = True
+    torch.testing.assert_close(critic.table[visited], 0.75 * 0.5 + 0.25 * full.table[visited], rtol=0, atol=1e-12)
+    assert bool((critic.table[~visited] == 0.5).all())
+    for _ in range(3):  # fixed targets: the remaining gap shrinks by (1 - step) per call
+        critic.fit_exact_(r, targets, step=0.25)
+    gap = (critic.table - full.table)[visited]
+    torch.testing.assert_close(gap, 0.75**4 * (0.5 - full.table[visited]), rtol=0, atol=1e-12)
+
+
+def test_fit_critic_exact_uses_lr_as_the_step_and_defaults_to_the_exact_fit(terminal_world, terminal_batch):
+    def manual(step, refreshes):
+        critic = TabularCritic(terminal_world).double()
+        for _ in range(refreshes):
+            with torch.no_grad():
+                targets = critic_targets(terminal_batch, critic(terminal_batch), "gae", lam=0.7)
+            critic.fit_exact_(terminal_batch, targets, step=step)
+        return critic.table
+
+    for lr, step in ((None, 1.0), (1.0, 1.0), (0.3, 0.3)):
+        critic = TabularCritic(terminal_world).double()
+        fit_critic(critic, terminal_batch, target="gae", lam=0.7, optimizer="exact", lr=lr, refreshes=4)
+        assert torch.equal(critic.table, manual(step, 4)), lr
+
+
+@pytest.mark.parametrize("step", [0.0, 1.5, -0.1, float("nan")])
+def test_bad_exact_step_raises(step):
+    w = make_world(max_len=8, seed=0)
+    r = sample(w, 4, 0)
+    critic = TabularCritic(w)
+    with pytest.raises(ValueError, match="step"):
+        critic.fit_exact_(r, torch.zeros_like(r.rewards), step=step)
+    with pytest.raises(ValueError, match="lr"):
+        fit_critic(critic, r, optimizer="exact", lr=step, refreshes=1)

@@ -7,10 +7,14 @@ that derives it. The package is cut by concept, one hop from formula to code:
 module                 what                                                   chapter
 =====================  =====================================================  ==========
 ``returns``            Monte-Carlo return, TD(0) target, n-step return        1, 2, 4
-``advantages``         TD error, GAE advantages and the λ-return              4, 5
+``advantages``         TD error, GAE, the λ-return, decoupled GAE,            4, 5, 9
+                       length-adaptive λ
 ``rewards``            per-token KL penalty (k1, k2, k3) + score on EOS       3
 ``losses``             value loss (plain, PPO-clipped), masked mean/whiten    6
 ``reference``          literal numpy transcriptions: the tests' oracle        all
+``symbolic``           SymPy constructors of the same quantities              4, 5
+``world``              a toy token-level world with exact values (DP)         7
+``critic``             tabular and tiny GRU critics, refresh-then-fit loop    7
 ``runtime``            device choice (cuda, else cpu) and seeding             all
 ``_checks``            argument validation shared by all of the above
 ``_scan``              hole compaction and the backward scan they all use

@@ -21,6 +21,8 @@ from typing import Optional
 
 import torch
 
+from ._fastscan import valid_first_order
+
 
 @dataclass(frozen=True)
 class Packed:
@@ -54,7 +56,7 @@ def pack(mask: torch.Tensor) -> Packed:
     if bool((prefix == mask).all()):
         return Packed(order=None, valid=mask)
     # a stable sort of "is masked" puts valid tokens first, in their original order
-    order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)
+    order = valid_first_order(mask, lengths)
     return Packed(order=order, valid=prefix)
 
 

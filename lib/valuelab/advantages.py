@@ -11,7 +11,8 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from ._checks import check_nonnegative_scalar, check_unit_interval
-from ._scan import as_batch, backward_scan, prepare, shift_next
+from ._fastscan import fast_backward_scan, time_invariant_decay
+from ._scan import as_batch, prepare, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -75,7 +76,8 @@ def gae(
     zero = torch.zeros((), dtype=p.rewards.dtype, device=p.rewards.device)
     v_next = shift_next(p.values, valid, p.bootstrap)
     delta = torch.where(valid, p.rewards + p.gamma * v_next - p.values, zero)
-    adv = backward_scan(delta, torch.where(valid, p.gamma * lam_t, zero))
+    c = time_invariant_decay(delta, gamma, lam)
+    adv = fast_backward_scan(delta, torch.where(valid, p.gamma * lam_t, zero) if c is None else c)
     return GAEResult(p.out(adv), p.out(adv + p.values))
 
 

@@ -56,6 +56,13 @@ def _check_rollout(rollout: object, name: str = "rollout") -> Rollout:
     return rollout
 
 
+def _check_step(step: object, name: str = "step") -> float:
+    step = check_nonnegative_scalar(step, name)
+    if not 0.0 < step <= 1.0:
+        raise ValueError(f"{name} must lie in (0, 1] for the exact fit, got {step}")
+    return step
+
+
 class TabularCritic(nn.Module):
     """One parameter per world state, :math:`V_\\phi(s) = \\phi_s` (chapter 07_experiments).
 
@@ -80,21 +87,29 @@ class TabularCritic(nn.Module):
         return torch.where(rollout.mask, v, torch.zeros((), dtype=v.dtype, device=v.device))
 
     @torch.no_grad()
-    def fit_exact_(self, rollout: Rollout, targets: torch.Tensor) -> None:
-        """Set :math:`\\phi_s = \\operatorname{mean}\\{\\hat G_t : s_t = s\\}` for every visited state (unvisited states keep their value).
+    def fit_exact_(self, rollout: Rollout, targets: torch.Tensor, step: float = 1.0) -> None:
+        """Move every visited state toward the mean of its targets, equation ``(eq-tabular-critic)`` of chapter 07_experiments.
 
-        The closed-form argmin of the token-mean loss ``(eq-value-loss)`` of
-        chapter 6 over a table, used in chapter 07_experiments to count refreshes.
+        :math:`\\phi_s \\leftarrow (1-\\alpha)\\,\\phi_s + \\alpha\\,\\operatorname{mean}\\{\\hat G_t : s_t = s\\}`
+        with :math:`\\alpha` = ``step`` in (0, 1]; unvisited states keep their value.
+        ``step = 1`` (default) is the closed-form argmin of the token-mean loss
+        ``(eq-value-loss)`` of chapter 6 over a table, used in chapter
+        07_experiments to count refreshes; ``step < 1`` is a partial fit, a
+        per-state running average over refreshes (chapter 07b_bias_variance).
         """
         rollout = _check_rollout(rollout)
         if not isinstance(targets, torch.Tensor) or targets.shape != rollout.mask.shape:
             raise ValueError(f"targets must be a tensor of shape {tuple(rollout.mask.shape)}")
+        step = _check_step(step)
         states = rollout.states[rollout.mask]
         sums = torch.zeros(self.n_states, dtype=torch.float64, device=self.table.device)
         sums.index_add_(0, states, targets[rollout.mask].to(torch.float64))
         counts = torch.zeros_like(sums).index_add_(0, states, torch.ones_like(states, dtype=torch.float64))
         visited = counts > 0
-        self.table[visited] = (sums[visited] / counts[visited]).to(self.table.dtype)
+        mean = sums[visited] / counts[visited]
+        if step != 1.0:  # step = 1 sets the mean exactly (no rounding through the blend)
+            mean = (1.0 - step) * self.table[visited].to(torch.float64) + step * mean
+        self.table[visited] = mean.to(self.table.dtype)
 
 
 class TinyCritic(nn.Module):
@@ -254,7 +269,7 @@ def fit_critic(
     gamma: Optional[float] = None,
     refreshes: int = 10,
     steps_per_refresh: int = 10,
-    lr: float = 1e-2,
+    lr: Optional[float] = None,
     optimizer: Literal["adam", "sgd", "exact"] = "adam",
     clip_range: Optional[float] = None,
     aggregation: str = "token-mean",
@@ -270,7 +285,8 @@ def fit_critic(
     build :math:`\\hat G_t` with :func:`critic_targets`, then minimise
     :func:`valuelab.value_loss` ``(eq-value-loss)`` toward those fixed targets
     with ``steps_per_refresh`` full-batch steps (``optimizer="exact"``: the
-    closed-form fit of a :class:`TabularCritic`, steps ignored). The optimiser
+    closed-form fit of a :class:`TabularCritic`, or a move of a fraction ``lr``
+    toward it, equation ``(eq-tabular-critic)``; steps ignored). The optimiser
     state carries over refreshes, as in PPO.
 
     Args:
@@ -282,7 +298,9 @@ def fit_critic(
         target, n, lam, gamma: see :func:`critic_targets`.
         refreshes: number of target refreshes R.
         steps_per_refresh: optimisation steps per refresh.
-        lr: learning rate of ``"adam"`` or ``"sgd"``.
+        lr: learning rate of ``"adam"`` or ``"sgd"`` (default 1e-2); with
+            ``"exact"``, the step :math:`\\alpha \\in (0, 1]` of
+            :meth:`TabularCritic.fit_exact_` (default 1: the exact minimiser).
         clip_range, aggregation: passed to :func:`valuelab.value_loss`
             (the clip is around the frozen values).
         max_grad_norm: clip the gradient norm (None: no clipping).
@@ -318,8 +336,9 @@ def fit_critic(
         if clip_range is not None or aggregation != "token-mean":
             raise ValueError("optimizer='exact' solves the unclipped token-mean loss: use clip_range=None, aggregation='token-mean'")
         opt = None
+        step = 1.0 if lr is None else _check_step(lr, "lr")
     else:
-        lr = check_nonnegative_scalar(lr, "lr")
+        lr = 1e-2 if lr is None else check_nonnegative_scalar(lr, "lr")
         if lr == 0:
             raise ValueError("lr must be positive")
         opt = torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr)
@@ -348,7 +367,7 @@ def fit_critic(
         with torch.no_grad():
             history.loss_start.append(float(loss_fn(batch, targets, old)))
         if opt is None:
-            critic.fit_exact_(batch, targets)
+            critic.fit_exact_(batch, targets, step)
         else:
             for _ in range(steps_per_refresh):
                 loss = loss_fn(batch, targets, old)

@@ -14,7 +14,8 @@ from typing import Optional, Union
 import torch
 
 from ._checks import check_positive_int
-from ._scan import backward_scan, prepare, shift_next
+from ._fastscan import fast_backward_scan, fast_nstep_returns, time_invariant_decay
+from ._scan import prepare, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -56,7 +57,8 @@ def discounted_returns(
     tail = shift_next(torch.zeros_like(p.rewards), valid, p.bootstrap)  # bootstrap at the last token only
     x = torch.where(valid, p.rewards + p.gamma * tail, zero)
     d = torch.where(valid, p.gamma, zero)
-    return p.out(backward_scan(x, d))
+    c = time_invariant_decay(x, gamma)
+    return p.out(fast_backward_scan(x, d if c is None else c))
 
 
 def td_targets(
@@ -97,8 +99,4 @@ def nstep_returns(
     """
     n = check_positive_int(n, "n")
     p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
-    valid = p.packed.valid
-    g = p.values
-    for _ in range(min(n, p.rewards.shape[-1])):  # after T steps every window has left the sequence
-        g = p.rewards + p.gamma * shift_next(g, valid, p.bootstrap)
-    return p.out(g)
+    return p.out(fast_nstep_returns(p.rewards, p.values, p.gamma, p.packed.valid, p.bootstrap, n))

@@ -67,7 +67,7 @@ def kl_shaped_rewards(
     beta: float = 0.05,
     estimator: str = "k1",
 ) -> torch.Tensor:
-    r"""Token rewards :math:`r_t = -\beta\,k(\rho_t) + [t = T]\, r_\phi(x, y)`, equation ``(eq-kl-reward)`` of chapter 3.
+    r"""Token rewards :math:`r_t = -\beta\,k(\rho_t) + [t = T]\, r_\text{RM}(x, y)`, equation ``(eq-kl-reward)`` of chapter 3.
 
     Args:
         logprobs: :math:`\log\pi_\text{old}(a_t|s_t)`, shape ``(T,)`` or ``(B, T)``.

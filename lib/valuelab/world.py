@@ -14,12 +14,12 @@ The world is small enough to solve and rich enough to look like RLHF:
   and ``eos_prob = 0`` gives fixed-length responses of exactly ``max_len``
   tokens; :math:`\\pi_\\text{ref}` is :math:`\\pi_\\text{old}` with its logits
   perturbed by ``ref_shift`` times seeded Gaussian noise;
-* a reward model whose score :math:`r_\\phi = f(\\text{count}, \\text{length})`
+* a reward model whose score :math:`r_\\text{RM} = f(\\text{count}, \\text{length})`
   depends on the response only through the number of ``GOOD`` tokens and its
   length (default: the fraction of ``GOOD`` tokens), plus optional zero-mean
   Gaussian noise ``score_noise`` (which changes no expectation);
 * the per-token reward of chapter 3, :math:`r_t = -\\beta\\,(\\log\\pi_\\text{old}
-  - \\log\\pi_\\text{ref})(a_t\\mid s_t) + [t = T]\\, r_\\phi`, built with
+  - \\log\\pi_\\text{ref})(a_t\\mid s_t) + [t = T]\\, r_\\text{RM}`, built with
   :func:`valuelab.kl_shaped_rewards` (estimator k1).
 
 The state before token :math:`t` is therefore Markov as

@@ -1,0 +1,501 @@
+r"""The backward scan without a Python loop over tokens (derived in ``chapters/08_fast_gae``).
+
+Every return and advantage of :mod:`valuelab` is the backward linear recursion
+
+.. math::  y_t = x_t + d_t\, y_{t+1},\qquad y_T = 0,\qquad d_t\in[0,1]
+
+``(eq-fast-scan)`` on compacted, right-padded ``(B, T)`` rows (:mod:`valuelab._scan`).
+:func:`valuelab._scan.backward_scan` solves it with one Python iteration per
+token; this module solves it with a number of tensor operations that does not
+grow with ``T`` (only with :math:`\log T`), and never divides by a product of
+decays: every coefficient is a product :math:`d_t d_{t+1}\cdots d_{j-1}\in[0,1]`
+computed by multiplication only, so nothing overflows, and a coefficient that
+underflows to 0 is one whose contribution is below the float resolution anyway.
+
+Two algorithms, chosen by the shape of ``d`` (see :func:`fast_backward_scan`):
+
+* **constant decay** :math:`d_t = c` (a float, a 0-dim tensor, or one value per
+  row): the *blocked Toeplitz* form. Cut the row into blocks of :math:`C`
+  tokens. Inside block :math:`k`, unrolling the recursion gives
+
+  .. math::  y^{(k)}_i = \sum_{j\ge i} c^{\,j-i} x^{(k)}_j + c^{\,C-i}\, y^{(k+1)}_0
+
+  ``(eq-fast-block)``, i.e. ``y_blk = x_blk @ M.T + carry * q`` with the fixed upper-triangular
+  Toeplitz matrix :math:`M_{ij} = c^{j-i}` (:math:`j\ge i`) and
+  :math:`q_i = c^{C-i}`. The carries :math:`Y_k = y^{(k)}_0` obey the *same*
+  recursion on the block summaries :math:`s_k = (x^{(k)} M^\top)_0`:
+  :math:`Y_k = s_k + c^C\,Y_{k+1}` ``(eq-fast-carry)``, of length
+  :math:`T/C`, solved by the same blocked form; after
+  :math:`\lceil\log_C T\rceil` levels it fits in one block. One matrix
+  product and one rank-one update per level: the work is :math:`O(BTC)` flops
+  on the first level and almost nothing after.
+
+* **per-step decay** :math:`d_t` (per-step :math:`\gamma_t` or
+  :math:`\lambda_t`): the *blocked doubling* form. The recursion composes
+  affine maps :math:`f_t(y) = x_t + d_t y`, and
+  :math:`(x_1, d_1)\circ(x_2, d_2) = (x_1 + d_1 x_2,\ d_1 d_2)` is associative,
+  so inside a block :math:`\log_2 C` Hillis--Steele doubling steps give every
+  token's map to the end of its block (``(eq-fast-doubling)``); the block
+  summaries again satisfy the recursion, solved recursively, and one
+  multiply-add puts the carries in.
+
+Both agree with the loop to float rounding (tested in ``tests/test_fastscan.py``
+for :math:`c\in\{0, 10^{-8}, 0.5, 0.999, 1\}` and :math:`T` up to 100 000).
+:func:`_naive_rescaled_scan`, the "closed form with a cumulative sum"
+:math:`y_t = c^{-t}\sum_{j\ge t} c^{j}x_j`, is kept only to show in the chapter
+why it cannot be used: :math:`c^{-t}` overflows and :math:`c^{j}` underflows.
+
+The module also has the loop-free helpers for the rest of the package: the
+O(T) replacement of the argsort in :func:`valuelab._scan.pack`
+(:func:`valid_first_order`, :func:`pack_fast`) and the n-step return by
+sparse-table doubling (:func:`fast_nstep_returns`).
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from typing import Optional, Union
+
+import torch
+
+__all__ = [
+    "fast_backward_scan",
+    "time_invariant_decay",
+    "fast_nstep_returns",
+    "valid_first_order",
+    "pack_fast",
+]
+
+Decay = Union[float, torch.Tensor]
+
+# Block length of the constant-decay form (first level): the matrix product costs
+# C flops per token, the recursion depth is log_C(T). 16 is the fastest on CPU
+# (AVX-512 sgemm) and on GPU the level count, not the flops, dominates.
+_BLOCK = 16
+# A row this short is solved with one (T, T) Toeplitz product, no recursion.
+_BASE = 128
+# Block length of the per-step form: log2(C) doubling steps per level.
+_BLOCK_STEP = 32
+
+
+# ---------------------------------------------------------------------------
+# public entry point
+# ---------------------------------------------------------------------------
+
+
+def fast_backward_scan(x: torch.Tensor, d: Decay) -> torch.Tensor:
+    r"""Solve :math:`y_t = x_t + d_t\,y_{t+1}`, :math:`y_T = 0` along the last axis, without a loop over tokens.
+
+    Equation ``(eq-fast-scan)``, derived in ``chapters/08_fast_gae``; the same
+    contract as :func:`valuelab._scan.backward_scan` (whose result it matches to
+    float rounding) with one extension: ``d`` says by its *shape* whether the
+    decay changes along time.
+
+    Args:
+        x: ``(B, T)`` float32 or float64 tensor, CPU or CUDA (``(T,)`` is
+            accepted too). ``B = 0`` and ``T = 0`` are allowed.
+        d: the decay, in [0, 1]. One of
+
+            * a Python float, or a 0-dim tensor: the same :math:`c` at every
+              step of every row (blocked Toeplitz form);
+            * a tensor of shape ``(B, 1)`` (or ``(1, 1)``): one :math:`c_b` per
+              row (blocked Toeplitz form, one matrix per row);
+            * a tensor of shape ``(B, T)`` (or anything broadcastable to it
+              whose last dimension is ``T``): a decay per step (blocked
+              doubling form).
+
+            A tensor ``d`` is cast to ``x``'s dtype and device. It is not
+            checked (that would cost a device sync): the estimators check
+            :math:`\gamma,\lambda\in[0,1]` before calling. A float ``d`` outside
+            [0, 1] raises :class:`ValueError`.
+
+    Returns:
+        ``y`` with ``x``'s shape, dtype and device.
+
+    Note:
+        With right-padded rows whose ``x`` is 0 on the padding (what every
+        estimator builds), the masked decay ``gamma * lam * valid`` and the
+        plain scalar ``gamma * lam`` give the same ``y`` on the valid tokens,
+        and 0 on the padding: past the last valid token there is nothing left
+        to discount. So the estimators pass the scalar (see
+        :func:`time_invariant_decay`) and get the fast form.
+
+    Never divides by a product of decays: constant decays only enter through
+    :math:`c^k` (computed in float64, then rounded once; powers below the
+    smallest normal float become 0), per-step decays only through products.
+    """
+    if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
+        raise TypeError("x must be a floating torch.Tensor")
+    if x.dim() == 1:
+        return fast_backward_scan(x.unsqueeze(0), _row_decay_1d(d)).squeeze(0)
+    if x.dim() != 2:
+        raise ValueError(f"x must have shape (B, T) or (T,), got {tuple(x.shape)}")
+    B, T = x.shape
+    if B == 0 or T == 0:
+        return torch.empty_like(x)
+    if isinstance(d, bool):
+        raise TypeError("d must be a float or a tensor, not bool")
+    if isinstance(d, numbers.Real):
+        c = float(d)
+        if not 0.0 <= c <= 1.0:
+            raise ValueError(f"a constant decay must lie in [0, 1], got {c}")
+        if x.dtype != torch.float64:  # the loop multiplies by c held in x's dtype: so do we
+            c = torch.tensor(c, dtype=x.dtype).item()
+        return _toeplitz_scan(x, c)
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"d must be a float or a torch.Tensor, got {type(d).__name__}")
+    if d.dim() == 0 or d.numel() == 1:
+        if d.device.type == "cpu":  # reading it costs nothing: use the cached float path
+            return _toeplitz_scan(x, float(d.to(x.dtype)))
+        return _toeplitz_scan(x, d.reshape(()).to(device=x.device, dtype=x.dtype).double())
+    if d.dim() == 2 and d.shape[-1] == 1 and d.shape[0] in (1, B):
+        c = d.to(device=x.device, dtype=x.dtype).double().expand(B, 1).reshape(B, 1, 1)
+        return _toeplitz_scan(x, c)
+    try:
+        dd = torch.broadcast_to(d.to(device=x.device, dtype=x.dtype), x.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"d of shape {tuple(d.shape)} is neither a scalar, (B, 1), nor broadcastable to x {tuple(x.shape)}"
+        ) from None
+    return _affine_scan(x.contiguous(), dd.contiguous())
+
+
+def _row_decay_1d(d: Decay) -> Decay:
+    """The decay of a ``(T,)`` problem, re-shaped for the ``(1, T)`` one."""
+    if isinstance(d, torch.Tensor) and d.dim() >= 1:
+        return d.reshape(1, -1) if d.numel() != 1 else d.reshape(())
+    return d
+
+
+# ---------------------------------------------------------------------------
+# constant decay: the blocked Toeplitz form (eq-fast-block)
+# ---------------------------------------------------------------------------
+
+
+def _powers(c: Union[float, torch.Tensor], exps: torch.Tensor) -> torch.Tensor:
+    """:math:`c^k` in float64 for integer exponents ``exps`` (float64); ``0**0 = 1``."""
+    if isinstance(c, float):
+        return torch.pow(torch.tensor(c, dtype=torch.float64, device=exps.device), exps)
+    return torch.pow(c, exps)
+
+
+def _flush(m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round float64 coefficients to ``dtype``; those below its smallest normal become 0.
+
+    (Subnormal coefficients would change nothing visible and make CPU kernels slow.)
+    """
+    m = m.to(dtype)
+    return torch.where(m < torch.finfo(dtype).tiny, torch.zeros((), dtype=dtype, device=m.device), m)
+
+
+def _toeplitz_factors(c, n: int, dtype: torch.dtype, device: torch.device):
+    """``Mt`` with ``Mt[j, i] = c^(j-i)`` for ``j >= i`` (the transpose of M) and ``q[i] = c^(n-i)``.
+
+    For a float ``c`` both have shape ``(n, n)`` and ``(n,)``; for a per-row
+    ``c`` of shape ``(B, 1, 1)``, ``(B, n, n)`` and ``(B, 1, n)``.
+    """
+    if isinstance(c, float):
+        return _toeplitz_factors_cached(c, n, dtype, device)
+    k = torch.arange(n, device=device, dtype=torch.float64)
+    e = k.unsqueeze(-1) - k  # e[j, i] = j - i
+    mt = torch.where(e >= 0, _powers(c, e.clamp(min=0)), torch.zeros((), dtype=torch.float64, device=device))
+    q = _powers(c, n - k)
+    if c.dim() == 0:
+        return _flush(mt, dtype), _flush(q, dtype)
+    return _flush(mt, dtype), _flush(q, dtype).reshape(c.shape[0], 1, n)
+
+
+@functools.lru_cache(maxsize=256)
+def _toeplitz_factors_cached(c: float, n: int, dtype: torch.dtype, device: torch.device):
+    k = torch.arange(n, dtype=torch.float64)
+    e = k.unsqueeze(-1) - k
+    mt = torch.where(e >= 0, torch.pow(torch.tensor(c, dtype=torch.float64), e.clamp(min=0)), 0.0)
+    q = torch.pow(torch.tensor(c, dtype=torch.float64), n - k)
+    return _flush(mt, dtype).to(device), _flush(q, dtype).to(device)
+
+
+def _pow_scalar(c, n: int):
+    """:math:`c^n` (float64), for the next level's decay."""
+    if isinstance(c, float):
+        return c**n  # Python floats are IEEE doubles; 0.0 ** 0 == 1.0
+    return torch.pow(c, float(n))
+
+
+def _toeplitz_scan(x: torch.Tensor, c) -> torch.Tensor:
+    """``(eq-fast-block)`` for ``x`` of shape ``(B, T)``, ``T >= 1``.
+
+    ``c`` is a float, a float64 0-dim tensor, or a float64 ``(B, 1, 1)`` tensor.
+    """
+    B, T = x.shape
+    per_row = isinstance(c, torch.Tensor) and c.dim() == 3
+    # one block: y = x @ M.T. A float c has its (cached) matrices up to _BASE; a tensor
+    # c (not readable without a device sync) builds them on every call: keep them C x C.
+    if T <= (_BASE if isinstance(c, float) else _BLOCK):
+        mt, _ = _toeplitz_factors(c, T, x.dtype, x.device)
+        if per_row:
+            return torch.bmm(x.unsqueeze(1), mt).squeeze(1)
+        return x @ mt
+    C = _BLOCK
+    nb = -(-T // C)
+    if nb * C != T:  # right-pad with zeros: y is 0 there and the result is unchanged
+        x = torch.nn.functional.pad(x, (0, nb * C - T))
+    mt, q = _toeplitz_factors(c, C, x.dtype, x.device)
+    xb = x.reshape(B, nb, C)
+    z = torch.matmul(xb, mt)  # local solutions, every block as if it ended the row
+    # carries: Y_k = s_k + c^C Y_{k+1}  (eq-fast-carry), the same problem T/C long
+    Y = _toeplitz_scan(z[..., 0].contiguous(), _pow_scalar(c, C))
+    carry = torch.nn.functional.pad(Y[:, 1:], (0, 1))  # y at the start of the next block; 0 after the last
+    if per_row:
+        z.baddbmm_(carry.unsqueeze(-1), q)  # z += carry (x) q, one rank-one update per row
+    else:
+        z.addcmul_(carry.unsqueeze(-1), q)  # z += carry (x) q (a broadcast multiply-add)
+    y = z.view(B, nb * C)
+    return y if nb * C == T else y[:, :T]
+
+
+# ---------------------------------------------------------------------------
+# per-step decay: blocked doubling over affine maps (eq-fast-doubling)
+# ---------------------------------------------------------------------------
+
+
+def _doubling(X: torch.Tensor, D: torch.Tensor, need_d: bool):
+    """Compose each token's map with the following ones up to the end of its row (last axis).
+
+    After the step with offset ``s`` the pair at ``t`` is the map of tokens
+    ``t .. t+2s-1``: ``X[t] += D[t] * X[t+s]`` and ``D[t] *= D[t+s]`` (only
+    products, never a division). Past the end of the row the identity map
+    ``(0, 1)`` is used, i.e. the last ``s`` entries stay as they are. Returns
+    ``X`` (the solution with zero beyond the row) and, when ``need_d``, ``D``
+    (the product of ``d`` from ``t`` to the end of the row).
+    """
+    n = X.shape[-1]
+    if torch.is_grad_enabled() and (X.requires_grad or D.requires_grad):
+        return _doubling_autograd(X, D)
+    s = 1
+    while s < n:
+        k = n - s
+        Xn = torch.empty_like(X)
+        torch.addcmul(X[..., :k], D[..., :k], X[..., s:], out=Xn[..., :k])
+        Xn[..., k:] = X[..., k:]
+        if need_d or 2 * s < n:
+            Dn = torch.empty_like(D)
+            torch.mul(D[..., :k], D[..., s:], out=Dn[..., :k])
+            Dn[..., k:] = D[..., k:]
+            D = Dn
+        X = Xn
+        s *= 2
+    return X, D
+
+
+def _doubling_autograd(X: torch.Tensor, D: torch.Tensor):
+    """:func:`_doubling` without ``out=`` (which autograd does not support); one extra copy per step."""
+    n = X.shape[-1]
+    s = 1
+    while s < n:
+        k = n - s
+        X = torch.cat([torch.addcmul(X[..., :k], D[..., :k], X[..., s:]), X[..., k:]], dim=-1)
+        D = torch.cat([D[..., :k] * D[..., s:], D[..., k:]], dim=-1)
+        s *= 2
+    return X, D
+
+
+def _affine_scan(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``(eq-fast-scan)`` with a per-step ``d``; both ``(B, T)`` contiguous, ``T >= 1``."""
+    B, T = x.shape
+    C = _BLOCK_STEP
+    if T <= C:
+        return _doubling(x, d, need_d=False)[0]
+    nb = -(-T // C)
+    if nb * C != T:
+        x = torch.nn.functional.pad(x, (0, nb * C - T))
+        d = torch.nn.functional.pad(d, (0, nb * C - T))
+    X, D = _doubling(x.reshape(B, nb, C), d.reshape(B, nb, C), need_d=True)
+    # block summaries obey the same recursion: Y_k = X_k[0] + D_k[0] * Y_{k+1}
+    Y = _affine_scan(X[..., 0].contiguous(), D[..., 0].contiguous())
+    carry = torch.nn.functional.pad(Y[:, 1:], (0, 1))
+    X = X.addcmul(D, carry.unsqueeze(-1))  # y = X_local + (product to block end) * y at next block start
+    y = X.view(B, nb * C)
+    return y if nb * C == T else y[:, :T]
+
+
+# ---------------------------------------------------------------------------
+# helpers for the estimators
+# ---------------------------------------------------------------------------
+
+
+def time_invariant_decay(like: torch.Tensor, *factors) -> Optional[Decay]:
+    r"""The product of ``factors`` (e.g. ``gamma, lam``) in the compact form :func:`fast_backward_scan` takes, or None.
+
+    Each factor is what the user passed to an estimator: a float, or a tensor
+    broadcastable to the data. When every factor is constant along time (a
+    float, a 0-dim tensor, or a tensor whose last dimension is 1, e.g.
+    ``(B, 1)``), returns the product -- a float, a 0-dim tensor or a ``(B, 1)``
+    tensor -- rounded to ``like.dtype`` exactly as the loop's ``gamma * lam``
+    is; otherwise returns None and the caller passes the per-step decay. Call
+    it after the arguments have been checked.
+    """
+    dtype, device = like.dtype, like.device
+    floats = []
+    tensors = []
+    for f in factors:
+        if isinstance(f, numbers.Real) and not isinstance(f, bool):
+            floats.append(float(f))
+        elif isinstance(f, torch.Tensor) and (f.dim() == 0 or f.shape[-1] == 1):
+            tensors.append(f.to(device=device, dtype=dtype).reshape(-1, 1) if f.dim() > 0 else f.to(device=device, dtype=dtype))
+        else:
+            return None
+    if not tensors:
+        out = torch.tensor(floats[0] if floats else 1.0, dtype=dtype)
+        for v in floats[1:]:
+            out = out * torch.tensor(v, dtype=dtype)
+        return float(out)
+    out = tensors[0]
+    for v in floats:
+        out = out * torch.tensor(v, dtype=dtype, device=device)
+    for t in tensors[1:]:
+        out = out * t
+    if out.dim() == 2 and like.dim() == 2 and out.shape[0] not in (1, like.shape[0]):
+        return None
+    return out
+
+
+def fast_nstep_returns(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    gamma: torch.Tensor,
+    valid: torch.Tensor,
+    bootstrap: torch.Tensor,
+    n: int,
+) -> torch.Tensor:
+    r"""n-step return :math:`G^{(n)}_t = f_t\circ\cdots\circ f_{t+n-1}(V_{t+n})` by sparse-table doubling.
+
+    Equation ``(eq-nstep-return)`` of chapter 4, loop-free form derived in
+    ``chapters/08_fast_gae``. On compacted rows (``valid`` right-padded), with
+    :math:`f_t(y) = r_t + \gamma_t y` on valid tokens, the identity map after
+    the last one, and :math:`V_t` = ``bootstrap`` from the last valid token on.
+    The maps of the windows of length :math:`2^j` are built by
+    :math:`\lfloor\log_2 n\rfloor` doublings
+    :math:`(a, g)_{j+1}[t] = (a_j[t] + g_j[t]\,a_j[t+2^j],\ g_j[t]\,g_j[t+2^j])`
+    and the binary digits of ``n`` compose the answer. Every output is the
+    defining sum :math:`\sum_k\Gamma_{t,k}r_k + \Gamma_{t,n}V_{t+n}`
+    evaluated in another order, with coefficients that are products of
+    :math:`\gamma`'s: no division, and no difference of large partial sums.
+    (The tempting telescoping :math:`G_t - \Gamma_{t,n}G_{t+n} + \Gamma_{t,n}V_{t+n}`
+    through the Monte-Carlo return subtracts two returns that agree in all
+    but their first n terms: with :math:`\gamma\approx 1` on long rows the
+    difference of two large numbers loses the small one.)
+
+    Args: compacted ``(B, T)`` tensors as :func:`valuelab._scan.prepare`
+    builds them (``gamma`` may be a broadcast view), ``bootstrap`` of shape
+    ``(B,)``, ``n >= 1``. The result on masked (padding) slots is finite but
+    meaningless: the caller zeroes it (``Prepared.out``).
+    """
+    B, T = rewards.shape
+    if B == 0 or T == 0:
+        return torch.empty_like(rewards)
+    n = min(int(n), T)  # a window past the end of the row meets only identity maps
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    one = torch.ones((), dtype=rewards.dtype, device=rewards.device)
+    A = torch.where(valid, rewards, zero)  # the map of the window [t, t+1): (a, g)
+    G = torch.where(valid, gamma, one)
+    RA: Optional[torch.Tensor] = None  # the map of [t, t+off), composed from the bits of n seen so far
+    RG: Optional[torch.Tensor] = None
+    off = 0
+    w = 1
+    while w <= n:
+        if n & w:  # R <- R o (window of length w starting at t+off); identity past the row
+            if RA is None:  # off == 0 here: R is the window itself
+                RA, RG = A, G
+            else:
+                k = T - off
+                if k > 0:
+                    RA[:, :k].addcmul_(RG[:, :k], A[:, off:])
+                    RG[:, :k].mul_(G[:, off:])
+            off += w
+        if 2 * w <= n:  # windows of length w -> 2w
+            k = T - w
+            A2, G2 = A.clone(), G.clone()
+            if k > 0:
+                A2[:, :k].addcmul_(G[:, :k], A[:, w:])
+                G2[:, :k].mul_(G[:, w:])
+            A, G = A2, G2  # (R may hold the old A, G: from now on it is their only owner)
+        w *= 2
+    # apply R to the value after the window: V_{t+n}, the bootstrap from the last valid token on.
+    # RA, RG are tensors made here (where / clone), so they are updated in place.
+    boot = bootstrap.reshape(B, 1).to(rewards.dtype)
+    k = T - n
+    if k > 0:
+        RA[:, :k].addcmul_(RG[:, :k], torch.where(valid[:, n:], values[:, n:], boot))
+    RA[:, k:].addcmul_(RG[:, k:], boot)
+    return RA
+
+
+def valid_first_order(mask: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The permutation ``torch.argsort(~mask, stable=True)`` gives, in O(T) with one cumulative sum.
+
+    ``order[b, j]`` is the original column of the j-th token of row b once the
+    valid tokens are moved first (in their order) and the masked ones after
+    (in theirs). With ``cs = cumsum(mask)``, the valid token at column t goes
+    to ``cs[t] - 1`` and a masked one to ``lengths + t - cs[t]`` (``t - cs[t]``
+    masked tokens precede it); ``order`` is the inverse of that map, built by
+    one scatter. The arithmetic is int32 (several times faster than int64 on
+    CPU); only the index handed to the scatter is int64. ``lengths``
+    (``mask.sum(-1, keepdim=True)``) is optional.
+    """
+    B, T = mask.shape
+    t = torch.arange(T, device=mask.device)
+    if T == 0:
+        return torch.empty((B, 0), dtype=torch.int64, device=mask.device)
+    cs = mask.to(torch.int32).cumsum(-1, dtype=torch.int32)
+    L = cs[:, -1:] if lengths is None else lengths.to(torch.int32)
+    dest = torch.where(mask, cs - 1, (L + t.to(torch.int32)) - cs).long()
+    return torch.empty_like(dest).scatter_(-1, dest, t.expand(B, T))
+
+
+def pack_fast(mask: torch.Tensor):
+    """:func:`valuelab._scan.pack` without the argsort: same result, O(T).
+
+    The right-padding test uses the same cumulative sum: the valid columns
+    of a row are ``{0, ..., L-1}`` exactly when their sum is ``L(L-1)/2``,
+    i.e. when ``sum_t cumsum(mask)[t] == T*L - L(L-1)/2``.
+    """
+    from ._scan import Packed  # late import: _scan may import this module
+
+    B, T = mask.shape
+    if T == 0 or B == 0:
+        return Packed(order=None, valid=mask)
+    cs = mask.to(torch.int32).cumsum(-1, dtype=torch.int32)
+    L = cs[:, -1:]
+    L64 = L.long()
+    if bool((cs.sum(-1, keepdim=True, dtype=torch.int64) == T * L64 - (L64 * (L64 - 1)) // 2).all()):
+        return Packed(order=None, valid=mask)
+    t = torch.arange(T, device=mask.device)
+    dest = torch.where(mask, cs - 1, (L + t.to(torch.int32)) - cs).long()
+    order = torch.empty_like(dest).scatter_(-1, dest, t.expand(B, T))
+    return Packed(order=order, valid=t < L)
+
+
+# ---------------------------------------------------------------------------
+# the formula the chapter shows failing
+# ---------------------------------------------------------------------------
+
+
+def _naive_rescaled_scan(x: torch.Tensor, c: float) -> torch.Tensor:
+    r"""The tempting closed form :math:`y_t = c^{-t}\sum_{j\ge t} c^{j} x_j` (a reversed cumsum). DO NOT USE.
+
+    Exact in real arithmetic for :math:`0 < c \le 1` (multiply the recursion by
+    :math:`c^t` and it telescopes), and one cumulative sum long. But in floats
+    :math:`c^{-t}` overflows to inf once :math:`t > \log(\text{max float})/\log(1/c)`
+    (88.7/0.0513, about 1 730 tokens, for :math:`c = 0.95` in float32; 709.8/0.0513,
+    about 13 800, in float64) while :math:`c^{j}` underflows to 0 there, giving
+    ``inf * 0 = nan`` and ``inf``. Below that length it is as accurate as the loop:
+    the failure is purely one of range. Undefined for :math:`c = 0`
+    (:math:`0^{-t}`). Kept only so that ``chapters/08_fast_gae`` and the tests can
+    show it fail.
+    """
+    t = torch.arange(x.shape[-1], dtype=x.dtype, device=x.device)
+    cc = torch.tensor(c, dtype=x.dtype, device=x.device)
+    scaled = x * torch.pow(cc, t)
+    suffix = torch.flip(torch.cumsum(torch.flip(scaled, [-1]), -1), [-1])
+    return torch.pow(cc, -t) * suffix
