@@ -129,3 +129,16 @@ def test_whiten_needs_two_entries():
 
 def test_seed_must_be_int():
     raises(TypeError, "seed", vl.seed_everything, 1.5)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("mask", [torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]]), torch.tensor([[1, 0, 1, 1, 0], [0, 1, 1, 0, 1]])])
+@pytest.mark.parametrize("pos", [(0, 1), (0, 4), (1, 0)])
+def test_non_finite_at_masked_positions_is_an_error_too(bad, mask, pos):
+    """A NaN is an error wherever it sits, padding and holes included (fast and general paths alike)."""
+    r = R.clone()
+    r[pos] = bad
+    raises(ValueError, "rewards", vl.gae, r, V, mask=mask, gamma=0.9, lam=0.9)
+    raises(ValueError, "values", vl.gae, R, r, mask=mask, gamma=0.9, lam=0.9)
+    raises(ValueError, "rewards", vl.discounted_returns, r, mask=mask, gamma=0.9)
+    raises(ValueError, "values", vl.td_errors, R, r, mask=mask)

@@ -8,6 +8,7 @@ the same recursion run on |x| in float64, S_t = sum_j |coef_tj x_j|, so
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import valuelab
+from valuelab import reference as ref
 from valuelab import _fastscan as fs
 from valuelab._fastscan import (
     _naive_rescaled_scan,
@@ -410,57 +412,332 @@ def test_fast_nstep_empty():
 
 
 # ---------------------------------------------------------------------------
-# the wiring: the estimators through the fast path give the loop's answers
+# the fused estimators (fused_returns behind gae and discounted_returns)
 # ---------------------------------------------------------------------------
 
 
+def _oracle_gae(r, v, mask, gamma, lam, boot):
+    """valuelab.reference.gae_recursion (a numpy float64 loop) on each row's valid tokens; 0 elsewhere.
+
+    gamma and lam are rounded to the data's dtype first, as the library does.
+    """
+    dt = r.dtype
+    g = float(torch.tensor(gamma, dtype=dt)) if not torch.is_tensor(gamma) else gamma
+    lm = float(torch.tensor(lam, dtype=dt)) if not torch.is_tensor(lam) else lam
+    B, T = r.shape
+    m = torch.ones(B, T, dtype=torch.bool) if mask is None else mask
+    b = torch.zeros(B, dtype=torch.float64) if boot is None else (boot.double() if torch.is_tensor(boot) else torch.full((B,), float(boot), dtype=torch.float64))
+    adv = np.zeros((B, T))
+    ret = np.zeros((B, T))
+    for i in range(B):
+        mi = m[i].numpy()
+        ri, vi = r[i].double().numpy()[mi], v[i].double().numpy()[mi]
+        gi = g if not torch.is_tensor(g) else g.expand(B, T)[i].double().numpy()[mi]
+        li = lm if not torch.is_tensor(lm) else lm.expand(B, T)[i].double().numpy()[mi]
+        if len(ri):
+            a = ref.gae_recursion(ri, vi, gi, li, float(b[i]))
+            adv[i, mi] = a
+            ret[i, mi] = a + vi
+    return adv, ret
+
+
+def _scale(r, v, boot=None):
+    """A per-row magnitude for tolerances: sum |r| + max |v| (+ |bootstrap|)."""
+    vmax = v.double().abs().amax(-1, keepdim=True) if v.shape[-1] else torch.zeros(v.shape[0], 1, dtype=torch.float64)
+    s = r.double().abs().sum(-1, keepdim=True) + vmax
+    if torch.is_tensor(boot):
+        s = s + boot.double().abs().unsqueeze(-1)
+    elif boot is not None:
+        s = s + abs(float(boot))
+    return (1 + s).numpy()
+
+
+def _mask(B, T, kind, g):
+    if kind == "none":
+        return None
+    lengths = torch.randint(0, T + 1, (B, 1), generator=g)
+    m = torch.arange(T) < lengths
+    if kind == "holes":
+        m = torch.rand(B, T, generator=g) < 0.7
+    elif kind == "spans":  # a few long holes, as tool outputs in a multi-turn rollout
+        for _ in range(3):
+            start = torch.randint(0, max(T, 1), (B, 1), generator=g)
+            m &= ~((torch.arange(T) >= start) & (torch.arange(T) < start + max(T // 10, 1)))
+    elif kind == "empty-rows":
+        m[::2] = False
+    return m
+
+
+def _check_gae(r, v, mask, gamma, lam, boot, tol):
+    out = valuelab.gae(r, v, mask=mask, gamma=gamma, lam=lam, bootstrap=boot)
+    ea, er = _oracle_gae(r, v, mask, gamma, lam, boot)
+    sc = _scale(r, v, boot)
+    for got, exp in ((out.advantages, ea), (out.returns, er)):
+        assert got.shape == r.shape and got.dtype == r.dtype and got.is_contiguous()
+        err = np.abs(got.double().numpy() - exp)
+        assert (err <= tol * sc).all(), f"max err {err.max():.3e}"
+        if mask is not None:
+            assert bool((got[~mask] == 0).all())
+    return out
+
+
+GL = [(1.0, 0.95), (0.99, 1.0), (1.0, 0.0), (0.0, 0.5), (0.97, 0.3), (1.0, 1e-8), (1e-8, 1.0), (1.0, 1.0), (0.5, 0.5)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("holes", [False, True])
-@pytest.mark.parametrize(
-    "gamma,lam",
-    [(1.0, 0.95), (0.99, 1.0), (1.0, 0.0), ("per_row", 0.9), (1.0, "per_row"), ("per_step", 0.95), (0.99, "per_step")],
+@pytest.mark.parametrize("kind", ["none", "right", "holes", "spans", "empty-rows"])
+@pytest.mark.parametrize("gamma,lam", GL)
+@pytest.mark.parametrize("T", [0, 1, 2, 17, 128, 129, 300, 2100])
+def test_fused_gae_matches_reference(T, gamma, lam, kind, dtype):
+    g = torch.Generator().manual_seed(T * 31 + int(lam * 100))
+    B = 3
+    r = torch.randn(B, T, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(B, T, generator=g, dtype=torch.float64).to(dtype)
+    mask = _mask(B, T, kind, g)
+    boot = torch.randn(B, generator=g, dtype=torch.float64).to(dtype) if T % 2 else (0.7 if T == 2100 else None)
+    tol = 2e-5 if dtype == torch.float32 else 1e-12
+    _check_gae(r, v, mask, gamma, lam, boot, tol)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    B=st.integers(1, 4),
+    T=st.integers(0, 700),
+    gamma=st.one_of(st.sampled_from([0.0, 1.0, 1e-8]), st.floats(0.0, 1.0)),
+    lam=st.one_of(st.sampled_from([0.0, 1.0, 1e-8, 0.5, 0.4999]), st.floats(0.0, 1.0)),
+    kind=st.sampled_from(["none", "right", "holes", "spans", "empty-rows"]),
+    boot=st.sampled_from(["none", "float", "tensor"]),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**31 - 1),
 )
-def test_wired_gae_matches_library_gae(gamma, lam, holes, dtype):
-    from valuelab.bench import _gae_wired
-
-    B, T = 5, 300
-    r, v, mask = _masked_batch(B, T, dtype, seed=11, holes=holes)
-
-    def arg(a):
-        if a == "per_row":
-            return torch.tensor([[0.0], [0.3], [0.9], [0.999], [1.0]], dtype=dtype)
-        if a == "per_step":
-            return torch.rand(B, T, dtype=torch.float64).to(dtype)
-        return a
-
-    g, l = arg(gamma), arg(lam)
-    boot = torch.randn(B, dtype=dtype)
-    exp = valuelab.gae(r, v, mask=mask, gamma=g, lam=l, bootstrap=boot)
-    got = _gae_wired(r, v, mask=mask, gamma=g, lam=l, bootstrap=boot)
-    tol = 1e-4 if dtype == torch.float32 else 1e-11
-    for a, b in zip(got, exp):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        assert torch.allclose(a, b, rtol=tol, atol=tol * (1 + r.abs().sum(-1, keepdim=True) + v.abs().sum(-1, keepdim=True)).max().item())
-        assert bool((a[~mask] == 0).all())
+def test_hypothesis_fused_gae_matches_reference(B, T, gamma, lam, kind, boot, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    r = (torch.randn(B, T, generator=g, dtype=torch.float64) * 3).to(dtype)
+    v = (torch.randn(B, T, generator=g, dtype=torch.float64) * 3).to(dtype)
+    mask = _mask(B, T, kind, g)
+    b = {"none": None, "float": -1.5, "tensor": torch.randn(B, generator=g, dtype=torch.float64).to(dtype)}[boot]
+    _check_gae(r, v, mask, gamma, lam, b, 5e-5 if dtype == torch.float32 else 1e-11)
 
 
-def test_wired_discounted_returns_matches_library():
-    # the one-line change proposed for returns.discounted_returns
-    from valuelab._scan import shift_next
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["right", "holes"])
+def test_fused_gae_equals_general_path(kind, dtype):
+    # scalar gamma/lam take the fused path; the same values as 0-dim tensors take the general one
+    g = torch.Generator().manual_seed(5)
+    B, T = 4, 3000
+    r = torch.randn(B, T, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(B, T, generator=g, dtype=torch.float64).to(dtype)
+    mask = _mask(B, T, kind, g)
+    boot = torch.randn(B, generator=g, dtype=torch.float64).to(dtype)
+    for gamma, lam in [(1.0, 0.95), (0.99, 0.3)]:
+        fused = valuelab.gae(r, v, mask=mask, gamma=gamma, lam=lam, bootstrap=boot)
+        general = valuelab.gae(r, v, mask=mask, gamma=torch.tensor(gamma, dtype=torch.float64), lam=torch.tensor(lam, dtype=torch.float64), bootstrap=boot)
+        tol = 1e-4 if dtype == torch.float32 else 1e-10
+        for a, b in zip(fused, general):
+            assert torch.allclose(a, b, rtol=tol, atol=tol * float(_scale(r, v, boot).max()))
 
-    r, _, mask = _masked_batch(3, 500, torch.float64, seed=5)
-    for gamma in (0.97, torch.tensor([[0.9], [1.0], [0.0]], dtype=torch.float64)):
-        p = prepare(r, None, mask, gamma, 0.5, need_values=False)
-        valid = p.packed.valid
-        zero = torch.zeros((), dtype=r.dtype)
-        tail = shift_next(torch.zeros_like(p.rewards), valid, p.bootstrap)
-        x = torch.where(valid, p.rewards + p.gamma * tail, zero)
-        d = torch.where(valid, p.gamma, zero)
-        c = time_invariant_decay(x, gamma)
-        assert c is not None
-        got = p.out(fast_backward_scan(x, d if c is None else c))
-        exp = valuelab.discounted_returns(r, mask=mask, gamma=gamma, bootstrap=0.5)
-        assert torch.allclose(got, exp, rtol=1e-12, atol=1e-10)
+
+@pytest.mark.parametrize("lam", [0.95, 0.3, 1.0])
+@pytest.mark.parametrize("kind", ["right", "spans"])
+def test_fused_gae_long_rows_float32(kind, lam):
+    # T = 100 000 in float32 against the float64 loop, with a bound scaled by the condition of the sums
+    T = 100_000
+    g = torch.Generator().manual_seed(11)
+    r = torch.randn(1, T, generator=g, dtype=torch.float64).float()
+    v = torch.randn(1, T, generator=g, dtype=torch.float64).float()
+    mask = _mask(1, T, kind, g)
+    if kind == "right":
+        mask = torch.arange(T).unsqueeze(0) < 97_000
+    out = valuelab.gae(r, v, mask=mask, gamma=1.0, lam=lam)
+    m = mask[0].numpy()
+    rc, vc = r[0].double().numpy()[m], v[0].double().numpy()[m]
+    c = float(np.float32(1.0) * np.float32(lam))
+    vn = np.append(vc[1:], 0.0)
+    delta = rc + vn - vc
+    exact = _python_scan(delta, c)
+    cond = _python_scan(np.abs(rc) + np.abs(vn) + np.abs(vc), c) + np.abs(vc)
+    got = out.advantages[0].double().numpy()[m]
+    assert np.isfinite(got).all()
+    assert (np.abs(got - exact) <= K_ROUND * 2**-23 * cond).all()
+    assert bool((out.advantages[0][~mask[0]] == 0).all()) and bool((out.returns[0][~mask[0]] == 0).all())
+
+
+def test_fused_gae_accepts_views_and_1d():
+    g = torch.Generator().manual_seed(2)
+    base_r = torch.randn(300, 6, generator=g, dtype=torch.float64)
+    base_v = torch.randn(300, 6, generator=g, dtype=torch.float64)
+    r, v = base_r.T, base_v.T  # non-contiguous (6, 300)
+    mask = (torch.rand(300, 6, generator=g) < 0.8).T
+    _check_gae(r, v, mask, 0.99, 0.9, None, 1e-12)
+    _check_gae(r[:, ::2], v[:, ::2], mask[:, ::2], 1.0, 0.95, 0.5, 1e-12)
+    one = valuelab.gae(r[0].contiguous(), v[0].contiguous(), gamma=0.9, lam=0.8, bootstrap=0.3)
+    full = valuelab.gae(r[:1].contiguous(), v[:1].contiguous(), gamma=0.9, lam=0.8, bootstrap=torch.tensor([0.3], dtype=torch.float64))
+    assert one.advantages.shape == (300,) and torch.allclose(one.advantages, full.advantages[0])
+    # a 0/1 float mask takes the same path as a bool one
+    fm = mask.double()
+    a = valuelab.gae(r, v, mask=fm, gamma=0.99, lam=0.9)
+    b = valuelab.gae(r, v, mask=mask, gamma=0.99, lam=0.9)
+    assert torch.equal(a.advantages, b.advantages)
+
+
+def test_fused_gae_garbage_in_masked_slots_never_leaks():
+    g = torch.Generator().manual_seed(3)
+    B, T = 4, 500
+    r = torch.randn(B, T, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, generator=g, dtype=torch.float64)
+    for kind in ("right", "holes", "spans"):
+        mask = _mask(B, T, kind, g)
+        junk_r = torch.where(mask, r, torch.full((), 1e30, dtype=torch.float64))
+        junk_v = torch.where(mask, v, torch.full((), -3e29, dtype=torch.float64))
+        for lam in (0.95, 0.3):
+            clean = valuelab.gae(r, v, mask=mask, gamma=1.0, lam=lam, bootstrap=0.25)
+            junk = valuelab.gae(junk_r, junk_v, mask=mask, gamma=1.0, lam=lam, bootstrap=0.25)
+            assert torch.equal(clean.advantages, junk.advantages) and torch.equal(clean.returns, junk.returns)
+
+
+def test_fused_gae_outputs_are_fresh_and_scratch_is_per_thread():
+    import threading
+
+    g = torch.Generator().manual_seed(4)
+    r = torch.randn(8, 3000, generator=g)
+    v = torch.randn(8, 3000, generator=g)
+    mask = _mask(8, 3000, "spans", g)
+    first = valuelab.gae(r, v, mask=mask, gamma=1.0, lam=0.95)
+    keep = first.advantages.clone(), first.returns.clone()
+    valuelab.gae(r * 2, v * 3, mask=mask, gamma=0.5, lam=0.5)  # reuses the scratch buffers
+    assert torch.equal(first.advantages, keep[0]) and torch.equal(first.returns, keep[1])
+    results = {}
+
+    def work(i):
+        for _ in range(5):
+            results[i] = valuelab.gae(r * (i + 1), v, mask=mask, gamma=1.0, lam=0.95).advantages
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        exp = valuelab.gae(r * (i + 1), v, mask=mask, gamma=1.0, lam=0.95).advantages
+        assert torch.equal(results[i], exp)
+    fs.clear_scratch()
+    assert torch.equal(valuelab.gae(r, v, mask=mask, gamma=1.0, lam=0.95).advantages, keep[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["none", "right", "holes", "empty-rows"])
+def test_fused_discounted_returns(kind, dtype):
+    g = torch.Generator().manual_seed(6)
+    B, T = 3, 2500
+    r = torch.randn(B, T, generator=g, dtype=torch.float64).to(dtype)
+    mask = _mask(B, T, kind, g)
+    for gamma, boot in [(1.0, None), (0.97, 0.5), (0.0, torch.ones(B, dtype=dtype)), (1e-8, None)]:
+        got = valuelab.discounted_returns(r, mask=mask, gamma=gamma, bootstrap=boot)
+        general = valuelab.discounted_returns(r, mask=mask, gamma=torch.tensor(gamma, dtype=torch.float64), bootstrap=boot)
+        m = torch.ones(B, T, dtype=torch.bool) if mask is None else mask
+        b = [0.0] * B if boot is None else ([float(boot)] * B if not torch.is_tensor(boot) else boot.tolist())
+        gq = float(torch.tensor(gamma, dtype=dtype))
+        for i in range(B):
+            ri = r[i].double().numpy()[m[i].numpy()]
+            exp = _python_scan(ri, gq)
+            if len(ri):
+                exp = exp + gq ** np.arange(len(ri), 0, -1) * b[i]
+            tol = 1e-4 if dtype == torch.float32 else 1e-10
+            sc = 1 + np.abs(ri).sum() + abs(b[i])
+            assert np.abs(got[i].double().numpy()[m[i].numpy()] - exp).max(initial=0) <= tol * sc
+        assert torch.allclose(got, general, rtol=1e-4, atol=1e-3 if dtype == torch.float32 else 1e-9)
+        if mask is not None:
+            assert bool((got[~mask] == 0).all())
+
+
+def test_fused_path_errors_match_the_general_path():
+    R, V = torch.zeros(2, 300), torch.zeros(2, 300)
+    mask = torch.arange(300) < torch.tensor([[200], [300]])
+    for bad in (math.nan, math.inf, -math.inf):
+        r = R.clone()
+        r[0, 250] = bad  # a masked slot: checked all the same
+        with pytest.raises(ValueError, match="rewards must be finite"):
+            valuelab.gae(r, V, mask=mask)
+        with pytest.raises(ValueError, match="values must be finite"):
+            valuelab.gae(R, r, mask=mask, lam=1.0)
+        with pytest.raises(ValueError, match="rewards must be finite"):
+            valuelab.discounted_returns(r, mask=mask)
+        # the first error in the general path's order wins: rewards before lam, values before gamma
+        with pytest.raises(ValueError, match="rewards must be finite"):
+            valuelab.gae(r, V, mask=mask, lam=2.0)
+        with pytest.raises(ValueError, match="values must be finite"):
+            valuelab.gae(R, r, mask=mask, gamma=-1.0)
+    with pytest.raises(ValueError, match="values"):
+        valuelab.gae(R, torch.zeros(2, 5), lam=7.0)
+    # finite inputs whose returns overflow are not an error (as on the general path)
+    big = torch.full((1, 300), 3e38)
+    out = valuelab.gae(big, torch.zeros(1, 300), gamma=1.0, lam=1.0)
+    assert math.isinf(float(out.returns[0, 0]))
+    assert math.isinf(float(valuelab.discounted_returns(big)[0, 0]))
+
+
+def test_unit_scalar_rounds_and_checks_like_check_unit_interval():
+    from valuelab._checks import check_unit_interval, unit_scalar
+
+    like32, like64 = torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.float64)
+    for x in [0.0, 1.0, 0.95, 1e-8, 1 + 1e-9, -1e-50, 1 / 3]:
+        for like in (like32, like64):
+            try:
+                exp = float(check_unit_interval(x, "gamma", like)[0, 0])
+            except ValueError as e:
+                with pytest.raises(ValueError, match=re.escape(str(e))):
+                    unit_scalar(x, "gamma", like.dtype)
+                continue
+            assert unit_scalar(x, "gamma", like.dtype) == exp
+    for bad in (1.01, -0.1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="gamma"):
+            unit_scalar(bad, "gamma", torch.float32)
+    with pytest.raises(TypeError, match="gamma"):
+        unit_scalar(True, "gamma", torch.float32)
+    assert unit_scalar(torch.tensor(0.5), "gamma", torch.float32) is None
+
+
+def test_right_padded_rows_and_compaction_index():
+    from valuelab._fastscan import compaction_index, float_mask, right_padded_rows
+
+    g = torch.Generator().manual_seed(8)
+    for T in (1, 2, 5, 64, 5792, 5793, 9000):
+        lengths = torch.randint(0, T + 1, (6, 1), generator=g)
+        rp = torch.arange(T) < lengths
+        for dtype in DTYPES:
+            assert right_padded_rows(float_mask(rp, dtype))
+            bad = rp.clone()
+            i = int(torch.randint(0, T, (1,), generator=g))
+            bad[2, i] = ~bad[2, i]  # one token flipped: right-padded only if it was at the boundary
+            expected = bool((torch.arange(T) < bad.sum(-1, keepdim=True)).eq(bad).all())
+            assert right_padded_rows(float_mask(bad, dtype)) == expected
+            late = torch.zeros(6, T, dtype=torch.bool)
+            late[:, -1] = True  # one valid token at the end
+            assert right_padded_rows(float_mask(late, dtype)) == (T == 1)
+    mask = torch.rand(5, 40, generator=g) < 0.6
+    mask[0] = True
+    mask[1] = False
+    dest, L = compaction_index(mask)
+    cs = mask.long().cumsum(-1)
+    assert torch.equal(L[:, 0], mask.sum(-1))
+    assert torch.equal(dest[mask], (cs - 1)[mask]) and bool((dest[~mask] == 39).all())
+    x = torch.randn(5, 40, dtype=torch.float64)
+    comp = torch.zeros_like(x).scatter_(-1, dest, x * mask)
+    comp[:, -1:] *= (L == 40)
+    for i in range(5):
+        assert torch.equal(comp[i, : int(L[i])], x[i][mask[i]]) and bool((comp[i, int(L[i]):] == 0).all())
+    assert torch.equal(comp.gather(-1, dest) * mask, x * mask)
+
+
+def test_gae_op_count_grows_only_logarithmically():
+    # the whole estimator, not only the scan: no Python loop over tokens anywhere
+    for kind in ("right", "spans"):
+        g = torch.Generator().manual_seed(9)
+        small = [torch.randn(2, 1000, generator=g), torch.randn(2, 1000, generator=g), _mask(2, 1000, kind, g)]
+        big = [torch.randn(2, 100_000, generator=g), torch.randn(2, 100_000, generator=g), _mask(2, 100_000, kind, g)]
+        n_small = _ops(lambda: valuelab.gae(*small[:2], mask=small[2], gamma=1.0, lam=0.95))
+        n_big = _ops(lambda: valuelab.gae(*big[:2], mask=big[2], gamma=1.0, lam=0.95))
+        assert n_big <= 2 * n_small, (n_small, n_big)
 
 
 # ---------------------------------------------------------------------------
@@ -479,4 +756,13 @@ def test_bench_smoke(tmp_path, capsys):
         bench.QUICK_GRID = old
     assert len(rows) == 2 and {r["mask"] for r in rows} == {"right-padded", "holes"}
     assert (tmp_path / "b.csv").read_text().startswith("device,dtype,B,T,mask")
-    assert all(math.isfinite(r["loop/fast"]) for r in rows)
+    assert all(math.isfinite(r["loop/fast"]) and r["fast_min_ms"] <= r["fast_ms"] for r in rows)
+    import json
+
+    meta = json.loads((tmp_path / "b.json").read_text())
+    assert {"cpu_model", "logical_cpus", "torch", "torch_threads"} <= set(meta)
+    # the targets' line is printed when the grid has the target's shape
+    lines = bench.target_report(
+        [dict(r, B=64, T=4096) for r in rows]
+    )
+    assert lines and all(("met" in line) for line in lines[1:4])

@@ -47,16 +47,31 @@ why it cannot be used: :math:`c^{-t}` overflows and :math:`c^{j}` underflows.
 
 The module also has the loop-free helpers for the rest of the package: the
 O(T) replacement of the argsort in :func:`valuelab._scan.pack`
-(:func:`valid_first_order`, :func:`pack_fast`) and the n-step return by
-sparse-table doubling (:func:`fast_nstep_returns`).
+(:func:`valid_first_order`, :func:`pack_fast`), the right-padding test
+(:func:`right_padded_rows`: one matrix-vector product), and the n-step
+return by sparse-table doubling (:func:`fast_nstep_returns`).
+
+**The fused estimators.** :func:`fused_returns` is what :func:`valuelab.gae`
+and :func:`valuelab.discounted_returns` run when γ and λ are numbers: the
+λ-return recursion :math:`G_t = r_t + \gamma(1-\lambda)V_{t+1} + \gamma\lambda G_{t+1}`
+(``(eq-fast-lambda-return)``) scanned once, without a TD-error pass; a mask
+with holes compacted by a cumulative sum and one scatter
+(:func:`compaction_index`, ``(eq-fast-u-form)``) and put back by one gather;
+intermediate results in per-thread scratch buffers reused between calls
+(:func:`_scratch`, :func:`clear_scratch`), because on the CPU a fresh
+MB-sized temporary costs page faults worth several passes over it. The
+benchmark (``python -m valuelab.bench``) and ``chapters/08_fast_gae`` give
+the numbers.
 """
 
 from __future__ import annotations
 
 import functools
 import numbers
+import threading
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -65,6 +80,11 @@ __all__ = [
     "fast_nstep_returns",
     "valid_first_order",
     "pack_fast",
+    "float_mask",
+    "right_padded_rows",
+    "compaction_index",
+    "fused_returns",
+    "clear_scratch",
 ]
 
 Decay = Union[float, torch.Tensor]
@@ -75,6 +95,8 @@ Decay = Union[float, torch.Tensor]
 _BLOCK = 16
 # A row this short is solved with one (T, T) Toeplitz product, no recursion.
 _BASE = 128
+# The carries of the fused estimators (one per block) use one direct Toeplitz product up to this many.
+_CARRY_DIRECT = _BASE
 # Block length of the per-step form: log2(C) doubling steps per level.
 _BLOCK_STEP = 32
 
@@ -474,6 +496,296 @@ def pack_fast(mask: torch.Tensor):
     dest = torch.where(mask, cs - 1, (L + t.to(torch.int32)) - cs).long()
     order = torch.empty_like(dest).scatter_(-1, dest, t.expand(B, T))
     return Packed(order=order, valid=t < L)
+
+
+# ---------------------------------------------------------------------------
+# masks without argsort, and the fused estimators (gae, discounted_returns)
+# ---------------------------------------------------------------------------
+
+_WORKSPACE = threading.local()
+# At most this many bytes of scratch are kept per thread (beyond, scratch is allocated per call):
+# enough for a (64, 32768) float64 batch with holes.
+_WORKSPACE_BYTES = 128 << 20
+
+
+def _scratch(name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor for intermediate results, reused from call to call on the CPU.
+
+    PyTorch has no caching allocator on the CPU: a fresh MB-sized temporary
+    comes from ``mmap`` or the top of the heap, and glibc returns freed memory
+    to the OS, so touching it again costs a page fault per 4 KiB -- about
+    0.5 ms per MB on the benchmark's machine, ten times the arithmetic on it.
+    Keeping the scratch buffers of the largest problem seen (per thread, at
+    most ``_WORKSPACE_BYTES`` in all; :func:`clear_scratch` frees them)
+    removes that cost; outputs are always fresh tensors. A buffer is only
+    valid until the next call that asks for the same ``name``. On CUDA the
+    caching allocator already does this: a plain ``torch.empty``.
+    """
+    n = 1
+    for d in shape:
+        n *= d
+    if device.type != "cpu":
+        return torch.empty(shape, dtype=dtype, device=device)
+    bufs = getattr(_WORKSPACE, "bufs", None)
+    if bufs is None:
+        bufs = _WORKSPACE.bufs = {}
+    key = (name, dtype)
+    buf = bufs.get(key)
+    if buf is None or buf.numel() < n:
+        held = sum(b.numel() * b.element_size() for k, b in bufs.items() if k != key)
+        if held + n * dtype.itemsize > _WORKSPACE_BYTES:
+            return torch.empty(shape, dtype=dtype)
+        buf = bufs[key] = torch.empty(n, dtype=dtype)
+    return buf[:n].view(shape)
+
+
+def clear_scratch() -> None:
+    """Free the scratch buffers that the fused estimators keep on this thread (see :func:`_scratch`)."""
+    _WORKSPACE.bufs = {}
+
+
+def float_mask(mask: torch.Tensor, dtype: torch.dtype, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A boolean mask as 0/1 numbers of ``dtype`` (into ``out`` when given).
+
+    Goes through ``uint8`` (a bool tensor is one byte per entry, 0 or 1):
+    PyTorch's CPU kernel for bool -> float is not vectorised and is about ten
+    times slower than uint8 -> float.
+    """
+    src = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    if out is None:
+        return src.to(dtype)
+    return out.copy_(src)
+
+
+@functools.lru_cache(maxsize=64)
+def _position_weights(T: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``2 t`` for ``t < T`` (the weights of :func:`right_padded_rows`)."""
+    return (2 * torch.arange(T, dtype=dtype)).to(device)
+
+
+def right_padded_rows(mf: torch.Tensor) -> bool:
+    r"""True when every row of the 0/1 mask ``mf`` (float, ``(B, T)``) is ``1 ... 1 0 ... 0``.
+
+    A row with :math:`L` ones has :math:`S=\sum_t t\,m_t \ge 0+1+\dots+(L-1) = L(L-1)/2`,
+    with equality exactly when the ones are the first :math:`L` columns
+    (moving any one to the right raises :math:`S`). One matrix-vector product
+    and one sum; exact in float32 while :math:`T(T-1)/2 < 2^{24}`
+    (:math:`T\le 5792`), in float64 beyond.
+    """
+    B, T = mf.shape
+    if B == 0 or T <= 1:
+        return True
+    if T > 5792 and mf.dtype != torch.float64:
+        mf = mf.double()
+    L = mf.sum(-1)
+    S2 = torch.mv(mf, _position_weights(T, mf.dtype, mf.device))  # 2 S: even integers below 2^25, exact
+    return torch.equal(S2, L * (L - 1))
+
+
+def compaction_index(mask: torch.Tensor, scratch: bool = False):
+    """``(dest, lengths)``: the column of each valid token once a row's valid tokens move to its front.
+
+    ``dest[b, t] = cs[t] - 1`` for a valid token (``cs``: the running count of
+    valid tokens of the row), and ``T - 1`` for *every* masked token.
+    ``lengths`` (``(B, 1)``, int64) is the number of valid tokens of each row.
+    It is not a permutation: it is meant for ``y.zero_().scatter_(-1, dest, x)``
+    followed by zeroing column ``T - 1`` of the rows with a masked token
+    (``lengths < T``): the masked tokens' values all land in that one column
+    and are then discarded, and a row with a masked token has ``L < T``, so
+    that column is padding. Putting back is ``y.gather(-1, dest)``: a masked
+    token reads column ``T - 1``, 0 on such a row. One cumulative sum and
+    three int32 passes (int32 is vectorised on the CPU, int64 is not):
+    ``dest = m (cs - T) + T - 1``. With ``scratch``, ``dest`` lives in a
+    reused buffer (:func:`_scratch`), valid until the next call.
+    """
+    B, T = mask.shape
+    dev = mask.device
+    mu = mask.view(torch.uint8) if mask.dtype == torch.bool else (mask != 0).view(torch.uint8)
+    if scratch:
+        cs = _scratch("cs", (B, T), torch.int32, dev)
+        dest = _scratch("dest", (B, T), torch.int64, dev)
+    else:
+        cs = torch.empty((B, T), dtype=torch.int32, device=dev)
+        dest = torch.empty((B, T), dtype=torch.int64, device=dev)
+    torch.cumsum(mu, -1, dtype=torch.int32, out=cs)
+    L = cs[:, -1:].long()
+    torch.addcmul(_int_scalar(T - 1, dev), cs.sub_(T), mu, out=dest)
+    return dest, L
+
+
+@functools.lru_cache(maxsize=64)
+def _int_scalar(v: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.int32).to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange32(T: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(T, dtype=torch.int32).to(device)
+
+
+def _padded_len(T: int) -> int:
+    """Columns of the work buffer: ``T`` rounded up to whole blocks when the blocked form is used."""
+    return T if T <= _BASE else -(-T // _BLOCK) * _BLOCK
+
+
+def _scan_into(x: torch.Tensor, c: float, out: torch.Tensor) -> None:
+    """``out = y[:, :T]`` for ``y`` = :func:`_toeplitz_scan` of ``x`` ``(B, Tp)`` (float ``c``); ``out`` may be ``x``.
+
+    The first level is written straight into ``out`` (no padded result, no
+    copy); its matrix product goes to a reused scratch buffer.
+    """
+    B, Tp = x.shape
+    T = out.shape[1]
+    if Tp <= _BASE:
+        mt, _ = _toeplitz_factors_cached(c, Tp, x.dtype, x.device)
+        y = torch.mm(x, mt, out=_scratch("z", (B, Tp), x.dtype, x.device))
+        out.copy_(y if T == Tp else y[:, :T])
+        return
+    C = _BLOCK
+    nb = Tp // C
+    mt, q = _toeplitz_factors_cached(c, C, x.dtype, x.device)
+    z = torch.mm(x.view(B * nb, C), mt, out=_scratch("z", (B * nb, C), x.dtype, x.device)).view(B, nb, C)
+    # carries: Y_k = s_k + c^C Y_{k+1} (eq-fast-carry) for the blocks after the first, whose starts
+    # enter the block before: one (nb-1)-long Toeplitz product when short, else the blocked form again
+    if nb - 1 <= _CARRY_DIRECT:
+        Y = z[:, 1:, 0] @ _toeplitz_factors_cached(c**C, nb - 1, x.dtype, x.device)[0]
+    else:  # (all nb summaries: a whole number of blocks when C divides nb, no padding)
+        Y = _toeplitz_scan(z[:, :, 0], c**C)[:, 1:]
+    if T == Tp:
+        Y = torch.nn.functional.pad(Y, (0, 1))  # nothing after the last block
+        torch.addcmul(z, Y.unsqueeze(-1), q, out=out.view(B, nb, C))
+    else:
+        full = (nb - 1) * C
+        torch.addcmul(z[:, :-1], Y.unsqueeze(-1), q, out=out[:, :full].view(B, nb - 1, C))
+        out[:, full:] = z[:, -1, : T - full]
+
+
+def fused_returns(
+    rewards: torch.Tensor,
+    values: Optional[torch.Tensor],
+    mask: Optional[torch.Tensor],
+    gamma: float,
+    lam: float,
+    bootstrap: Optional[torch.Tensor],
+):
+    r"""The λ-return and GAE (or, with ``values=None``, the Monte-Carlo return) end to end, for constant γ and λ.
+
+    One scan instead of a TD-error pass, a scan and an add: the λ-return obeys
+    its own recursion (``(eq-fast-lambda-return)`` in ``chapters/08_fast_gae``)
+
+    .. math::  G_t = \underbrace{r_t + (\gamma - c)\,V_{t+1}}_{x_t} + c\, G_{t+1},\qquad c=\gamma\lambda,
+
+    with :math:`V_{t+1}` the next *valid* value and, at the last valid token,
+    :math:`x = r + \gamma\,\text{bootstrap}` (then :math:`G_{L} = \text{bootstrap}`).
+    It is :math:`\hat A_t = \delta_t + c\hat A_{t+1}` with
+    :math:`G = \hat A + V` substituted, so :math:`\hat A = G - V` afterwards.
+    Rows are zeroed on masked tokens first (``r * m``, ``v * m``), so on
+    right-padded rows nothing after the last valid token enters and ``G`` is
+    exactly 0 there: no masking of the outputs. A mask with holes is compacted
+    by one scatter (two when :math:`\lambda < 1/2`) and the result put back by
+    one gather (:func:`compaction_index`); for :math:`\lambda\ge 1/2` the scan
+    input is :math:`u = r + (k/c)V` with :math:`k=\gamma-c`, whose scan
+    :math:`G'` gives :math:`G = G' - (k/c)V` (``(eq-fast-u-form)``): no shift
+    in compacted coordinates, and :math:`k/c = (1-\lambda)/\lambda \le 1`
+    amplifies no rounding. Intermediate results live in the two output
+    tensors and in reused scratch buffers (:func:`_scratch`).
+
+    Args:
+        rewards, values: ``(B, T)``, float32 or float64, same device, finite
+            (checked by the caller); ``values`` may be None (Monte-Carlo return).
+        mask: bool ``(B, T)`` or None (all valid).
+        gamma, lam: Python floats in [0, 1], already rounded to the dtype.
+        bootstrap: ``(B,)`` tensor or None (0).
+
+    Returns:
+        ``(advantages, returns)`` (``advantages`` is None without values),
+        contiguous ``(B, T)``, exactly 0 on masked tokens.
+    """
+    B, T = rewards.shape
+    dtype, device = rewards.dtype, rewards.device
+    with_values = values is not None
+    if not with_values:
+        c = gamma
+    elif dtype == torch.float32:  # the loop's gamma * lam, rounded in float32
+        c = float(np.float32(gamma) * np.float32(lam))
+    else:
+        c = gamma * lam
+    k = gamma - c  # (1 - lam) gamma: the weight of the next value in x
+    ret = torch.empty((B, T), dtype=dtype, device=device)
+    adv = torch.empty((B, T), dtype=dtype, device=device) if with_values else None
+    if B == 0 or T == 0:
+        return adv, ret
+    Tp = _padded_len(T)
+    if Tp == T:
+        x = xT = ret
+    else:
+        x = _scratch("x", (B, Tp), dtype, device)
+        x[:, T:] = 0
+        xT = x[:, :T]
+    shift = with_values and k != 0.0 and T > 1
+    lengths = dest = None
+
+    mf = None
+    holes = False
+    if mask is not None:
+        mf = float_mask(mask, dtype, out=adv if with_values else _scratch("mf", (B, T), dtype, device))
+        holes = not right_padded_rows(mf)
+    a = 0.0  # the u-form below: x = u = r + a v, and G = scan(u) - a v
+    if mask is None:  # x = r + k v_next; vz = v
+        if shift:
+            torch.add(rewards[:, :-1], values[:, 1:], alpha=k, out=x[:, : T - 1])
+            x[:, T - 1] = rewards[:, T - 1]
+        else:
+            xT.copy_(rewards)
+        vz = values
+    elif not holes:  # right-padded: x = r m + k (v m)_next, vz = v m (in adv)
+        if bootstrap is not None:
+            lengths = mf.sum(-1, keepdim=True).long()
+        torch.mul(rewards, mf, out=xT)
+        vz = mf.mul_(values) if with_values else None
+        if shift:
+            x[:, : T - 1].add_(vz[:, 1:], alpha=k)
+    else:  # holes: compact, scan, put back (compaction_index)
+        dest, lengths = compaction_index(mask, scratch=True)
+        pad_col = (lengths == T).to(dtype)  # column T - 1 holds masked tokens' values unless the row is full
+
+        def compact(src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            out.zero_().scatter_(-1, dest, src)
+            out[:, T - 1 :].mul_(pad_col)
+            return out
+
+        if not shift:
+            compact(rewards, xT)
+        elif k <= c:
+            # lam >= 1/2: G_j = sum_i c^(i-j) (r_i + k v_(i+1)) = scan(r + (k/c) v)_j - (k/c) v_j, so the
+            # scan input has no shift in the compacted order and is compacted in one scatter.
+            a = k / c
+            compact(torch.add(rewards, values, alpha=a, out=_scratch("u", (B, T), dtype, device)), xT)
+        else:  # lam < 1/2 (k/c > 1 would amplify rounding): compact r and v, then shift
+            rc = compact(rewards, _scratch("rc", (B, T), dtype, device))
+            vc = compact(values, _scratch("vc", (B, T), dtype, device))
+            torch.add(rc[:, :-1], vc[:, 1:], alpha=k, out=x[:, : T - 1])
+            x[:, T - 1] = rc[:, T - 1]
+        vz = None
+    if bootstrap is not None:
+        gb = bootstrap.reshape(B, 1).to(dtype) * gamma
+        if lengths is None:  # every row ends at T - 1
+            x[:, T - 1 : T] += gb
+        else:  # at column L - 1; nothing where L = 0
+            x.scatter_add_(1, (lengths - 1).clamp_(min=0), gb * (lengths > 0))
+    if dest is None:
+        _scan_into(x, c, ret)
+        if with_values:
+            torch.sub(ret, vz, out=adv)
+        return adv, ret
+    g = _scratch("g", (B, T), dtype, device)
+    _scan_into(x, c, g)
+    torch.gather(g, -1, dest, out=ret)  # a masked token reads column T - 1: 0 on a row with a masked token
+    if a != 0.0:
+        ret.addcmul_(values, mf, value=-a)
+    if with_values:
+        torch.addcmul(ret, values, mf, value=-1.0, out=adv)  # mf lives in adv: same positions, read first
+    return adv, ret
 
 
 # ---------------------------------------------------------------------------

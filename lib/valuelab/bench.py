@@ -1,15 +1,20 @@
-"""Benchmark of the backward scan: the per-token loop, valuelab's fast path, and an elementwise floor.
+"""Benchmark of GAE: the per-token loop, ``valuelab.gae`` end to end, and an elementwise floor.
 
-Run ``python -m valuelab.bench`` (full grid, about 1-3 minutes on 2 CPU cores)
-or ``python -m valuelab.bench --quick``; ``--device cuda`` on a GPU (the default
-is CPU, plus CUDA when present), ``--out results.csv`` to keep the numbers,
-``--threads 2`` to pin the CPU thread count, ``--stat min`` on a machine shared
-with other jobs, ``--mallopt`` to take glibc's page faults out of the CPU
-timings (see :func:`keep_freed_memory`). The timings are discussed in ``chapters/08_fast_gae``.
+Run ``python -m valuelab.bench --threads 2`` (full grid, under a minute on 2
+CPU cores) or ``--quick``; ``--device cuda`` on a GPU (the default is CPU, plus
+CUDA when present), ``--out results.csv`` to keep the numbers (a
+``results.json`` next to it describes the machine), ``--shapes 64x4096`` for
+one shape, ``--mallopt`` to switch glibc's malloc to keep freed memory (see
+:func:`keep_freed_memory`). The timings are discussed in ``chapters/08_fast_gae``;
+the stored full run is ``chapters/data/bench_cpu.csv``.
 
 For every device, dtype, batch ``B``, length ``T`` and mask kind (right-padded
-or with holes), measured in the same run (median of several repeats, with
-``torch.cuda.synchronize`` around each call on a GPU):
+or with holes), measured in the same run, with ``torch.cuda.synchronize``
+around each call on a GPU; the fast paths of one shape (right-padded, holes,
+scan) are timed in turn, one call each per round (:func:`time_interleaved`),
+so that their ratios are fair on a machine whose speed drifts, and the
+floor in a tight loop of its own (its smallest, warmest time: the
+conservative choice for ``fast/floor``); median and minimum are kept:
 
 ``loop``
     GAE as production RLHF frameworks write it (TRL / verl style): a Python
@@ -18,37 +23,43 @@ or with holes), measured in the same run (median of several repeats, with
     and ``returns = advantages + values``. It ignores the mask (so its time
     does not depend on it: it is timed once per (B, T, dtype)).
 ``fast``
-    :func:`valuelab.gae` end to end (argument checks, hole compaction, TD
-    errors, the scan, scatter back), through the fast scan. Until the fast
-    scan is wired into :mod:`valuelab.advantages` the benchmark times
-    :func:`_gae_wired`, the same composition with the wiring applied.
+    :func:`valuelab.gae` end to end, the public function: argument checks,
+    the right-padding test, hole compaction, the scan, the outputs.
 ``scan``
-    :func:`valuelab._fastscan.fast_backward_scan` alone on the ``(B, T)`` TD
-    errors with a constant decay: the part this benchmark is about.
+    :func:`valuelab._fastscan.fast_backward_scan` alone on ``(B, T)`` data
+    with a constant decay: the part that replaces the loop.
 ``floor``
     One elementwise pass over the same tensors, ``torch.add(rewards, values,
-    alpha=gamma, out=buf)``: nothing that reads the inputs and writes an
-    output can be faster.
+    alpha=gamma, out=buf)`` into a buffer allocated once: nothing that reads
+    the inputs and writes an output can be faster (``valuelab.gae`` reads
+    three tensors and writes two, and allocates them).
 
-and the ratios ``loop/fast``, ``loop/scan``, ``fast/floor``, ``scan/floor``
-and, for masks with holes, ``holes/rp`` (fast time with holes over fast time
-right-padded). At the end, the issue's targets are checked on the CPU,
-float32, B=64, T=4096 rows when the grid has them.
+Ratios (of medians): ``loop/fast``, ``fast/floor``, ``scan/floor`` and, for
+masks with holes, ``holes/rp`` (fast with holes over fast right-padded, same
+shape). ``faults`` is the number of minor page faults per ``fast`` call: on a
+CPU, PyTorch allocates every output with ``malloc``, and a buffer glibc has
+handed back to the OS costs about 2 microseconds per 4 KiB page when touched
+again (see :func:`keep_freed_memory`). At the end the issue's targets are
+checked on the CPU, float32, B=64, T=4096 rows (``loop/fast >= 100``,
+``fast/floor <= 10``, ``holes/rp <= 2``).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import os
+import platform
 import statistics
 import sys
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from . import advantages as _advantages
-from ._fastscan import fast_backward_scan, pack_fast, time_invariant_decay
+from ._fastscan import fast_backward_scan
 
 GAMMA = 1.0
 LAM = 0.95
@@ -58,7 +69,7 @@ QUICK_GRID = [(8, 256), (64, 1024), (64, 4096)]
 
 
 # ---------------------------------------------------------------------------
-# the three contenders
+# the contenders
 # ---------------------------------------------------------------------------
 
 
@@ -77,46 +88,9 @@ def loop_gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: flo
     return advantages, returns
 
 
-def _wired() -> bool:
-    """True once :mod:`valuelab.advantages` calls the fast scan (the wiring of issue 5 is applied)."""
-    return hasattr(_advantages, "fast_backward_scan")
-
-
-def _gae_wired(rewards, values, *, mask=None, gamma=1.0, lam=0.95, bootstrap=None):
-    """:func:`valuelab.gae` with the wiring of issue 5 applied (pack_fast, constant decay, fast scan).
-
-    A line-for-line copy of ``valuelab.gae`` and ``valuelab._scan.prepare``;
-    used by the benchmark only while the library still calls the loop.
-    """
-    from ._checks import check_bootstrap, check_like, check_mask, check_sequence_tensor, check_unit_interval
-    from ._scan import Prepared, as_batch, shift_next
-
-    rewards = check_sequence_tensor(rewards, "rewards")
-    values = check_like(values, "values", rewards, "rewards")
-    m = check_mask(mask, rewards)
-    g = check_unit_interval(gamma, "gamma", rewards)
-    b = check_bootstrap(bootstrap, rewards)
-    squeeze = rewards.dim() == 1
-    r2, m2, g2 = as_batch(rewards), as_batch(m), as_batch(g)
-    b2 = b.reshape(r2.shape[0])
-    packed = pack_fast(m2)
-    p = Prepared(packed.take(r2), packed.take(as_batch(values)), packed.take(g2), b2, packed, squeeze)
-
-    lam_t = p.packed.take(as_batch(check_unit_interval(lam, "lam", rewards)))
-    valid = p.packed.valid
-    zero = torch.zeros((), dtype=p.rewards.dtype, device=p.rewards.device)
-    v_next = shift_next(p.values, valid, p.bootstrap)
-    delta = torch.where(valid, p.rewards + p.gamma * v_next - p.values, zero)
-    c = time_invariant_decay(delta, gamma, lam)
-    adv = fast_backward_scan(delta, torch.where(valid, p.gamma * lam_t, zero) if c is None else c)
-    return _advantages.GAEResult(p.out(adv), p.out(adv + p.values))
-
-
 def fast_gae(rewards, values, mask, gamma, lam):
-    """The public :func:`valuelab.gae` once wired, else :func:`_gae_wired`."""
-    if _wired():
-        return _advantages.gae(rewards, values, mask=mask, gamma=gamma, lam=lam)
-    return _gae_wired(rewards, values, mask=mask, gamma=gamma, lam=lam)
+    """The public :func:`valuelab.gae`."""
+    return _advantages.gae(rewards, values, mask=mask, gamma=gamma, lam=lam)
 
 
 # ---------------------------------------------------------------------------
@@ -149,39 +123,50 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-STAT = "median"
+def _minor_faults() -> int:
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    except (ImportError, AttributeError):  # pragma: no cover - not on POSIX
+        return 0
 
 
-def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> float:
-    """Median (or, with ``--stat min``, minimum) wall time of ``fn()`` in seconds over ``repeats`` calls.
+def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> Tuple[float, float, float]:
+    """``(median, minimum, faults)``: wall time of ``fn()`` in seconds over ``repeats`` calls, and page faults per call.
 
-    ``warmup`` calls are made first. The minimum is the robust choice on a
-    machine shared with other jobs, where a call can lose whole scheduler
-    slices; the median is the default.
+    ``warmup`` calls are made first. The median is the figure the ratios use;
+    the minimum is the robust one on a machine shared with other jobs, where
+    a call can lose whole scheduler slices.
     """
     for _ in range(warmup):
         fn()
     _sync(device)
     times: List[float] = []
+    f0 = _minor_faults()
     for _ in range(repeats):
         _sync(device)
         t0 = time.perf_counter()
         fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return min(times) if STAT == "min" else statistics.median(times)
+    faults = (_minor_faults() - f0) / max(repeats, 1)
+    return statistics.median(times), min(times), faults
 
 
 def keep_freed_memory() -> bool:
     """Tell glibc's malloc to keep freed memory instead of returning it to the OS (``mallopt``).
 
-    PyTorch on the CPU has no caching allocator: every fresh tensor of more
-    than ~128 KiB is a new ``mmap`` whose pages fault on first touch, and
-    freeing it gives them back. A composition of many elementwise ops on MB-
-    sized tensors (``valuelab.gae`` end to end) then spends most of its time
-    in page faults, a property of the allocator, not of the algorithm (the
-    loop, whose tensors are tiny, and the floor, which writes into ``out=``,
-    do not pay it). Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``
+    PyTorch on the CPU has no caching allocator: a fresh tensor of more than
+    ~128 KiB comes from ``mmap`` or from the top of the heap, and glibc gives
+    freed memory back to the OS when enough of it piles up at the top
+    (``M_TRIM_THRESHOLD``, adjusted on the fly); touching it again costs a page
+    fault per 4 KiB (about 2 microseconds on the benchmark's VM, i.e. 0.5 ms
+    per MB, ten times the arithmetic). ``valuelab.gae`` keeps its
+    intermediate results in reused scratch buffers (``valuelab._fastscan._scratch``),
+    so only its two fresh outputs can fault, and whether they do depends on
+    glibc's heuristics and on what else the process allocates (the ``faults``
+    column shows it). Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``
     removes that cost, as jemalloc or tcmalloc would. Returns False where
     glibc's ``mallopt`` is not available.
     """
@@ -205,52 +190,90 @@ def _repeats_for(estimate_s: float, budget_s: float, lo: int = 1, hi: int = 25) 
 # ---------------------------------------------------------------------------
 
 COLUMNS = [
-    "device", "dtype", "B", "T", "mask", "loop_ms", "fast_ms", "scan_ms", "floor_ms",
-    "loop/fast", "loop/scan", "fast/floor", "scan/floor", "holes/rp",
+    "device", "dtype", "B", "T", "mask", "loop_ms", "fast_ms", "floor_ms", "scan_ms",
+    "loop/fast", "fast/floor", "scan/floor", "holes/rp", "fast_min_ms", "floor_min_ms", "faults",
 ]
+CSV_COLUMNS = COLUMNS + ["loop_min_ms", "scan_min_ms"]
 
 
-def run_grid(devices, grid, dtypes, loop_budget_s: float, fast_repeats: int) -> List[dict]:
+def time_interleaved(fns: dict, device: torch.device, repeats: int, warmup: int = 2) -> dict:
+    """``{name: (median, minimum, faults per call)}`` for callables timed in turn, ``repeats`` rounds.
+
+    One call of each per round, so a change of machine speed during the
+    measurement (other jobs, frequency) hits all of them alike and their
+    ratios stay fair.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    _sync(device)
+    times = {k: [] for k in fns}
+    faults = dict.fromkeys(fns, 0)
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            _sync(device)
+            f0 = _minor_faults()
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[k].append(time.perf_counter() - t0)
+            faults[k] += _minor_faults() - f0
+    return {k: (statistics.median(v), min(v), faults[k] / repeats) for k, v in times.items()}
+
+
+def run_grid(devices, grid, dtypes, loop_budget_s: float, fast_repeats: int, log=print) -> List[dict]:
+    """Time the contenders on every (device, dtype, B, T, mask kind); one dict per row of the table."""
     rows: List[dict] = []
     for device in devices:
         for dtype in dtypes:
             for B, T in grid:
                 # the loop does not look at the mask: time it once per (B, T, dtype), few repeats
-                r, v, _ = make_batch(B, T, dtype, device, holes=False)
+                r, v, m = make_batch(B, T, dtype, device, holes=False)
                 t0 = time.perf_counter()
                 loop_gae(r, v, GAMMA, LAM)
                 _sync(device)
                 first = time.perf_counter() - t0
-                loop_s = time_call(lambda: loop_gae(r, v, GAMMA, LAM), device,
-                                   repeats=_repeats_for(first, loop_budget_s, lo=1, hi=7), warmup=0)
+                loop_s, loop_min, _ = time_call(lambda: loop_gae(r, v, GAMMA, LAM), device,
+                                                repeats=_repeats_for(first, loop_budget_s, lo=3, hi=9), warmup=0)
+                rh, vh, mh = make_batch(B, T, dtype, device, holes=True)
                 floor_buf = torch.empty_like(r)
-                floor_s = time_call(lambda: torch.add(r, v, alpha=GAMMA, out=floor_buf), device,
-                                    repeats=max(fast_repeats, 25), warmup=3)
-                fast_rp: Optional[float] = None
+                # the floor in a tight loop of its own: its threads and caches stay warm, its time is the
+                # smallest (a conservative fast/floor)
+                floor = time_call(lambda: torch.add(r, v, alpha=GAMMA, out=floor_buf), device,
+                                  repeats=max(fast_repeats, 25), warmup=3)
+                x, xh = (r - v) * m, (rh - vh) * mh  # TD-error-like inputs, zero on masked slots
+                res = time_interleaved({
+                    "right-padded": lambda: fast_gae(r, v, m, GAMMA, LAM),
+                    "holes": lambda: fast_gae(rh, vh, mh, GAMMA, LAM),
+                    "scan right-padded": lambda: fast_backward_scan(x, GAMMA * LAM),
+                    "scan holes": lambda: fast_backward_scan(xh, GAMMA * LAM),
+                }, device, repeats=fast_repeats)
+                floor_s, floor_min, _ = floor
                 for kind in ("right-padded", "holes"):
-                    r, v, m = make_batch(B, T, dtype, device, holes=(kind == "holes"))
-                    fast_s = time_call(lambda: fast_gae(r, v, m, GAMMA, LAM), device, repeats=fast_repeats, warmup=2)
-                    delta = (r - v) * m  # TD-error-like input, zero on masked slots
-                    scan_s = time_call(lambda: fast_backward_scan(delta, GAMMA * LAM), device,
-                                       repeats=fast_repeats, warmup=2)
-                    if kind == "right-padded":
-                        fast_rp = fast_s
+                    fast_s, fast_min, faults = res[kind]
+                    scan_s, scan_min, _ = res["scan " + kind]
                     rows.append({
                         "device": device.type, "dtype": str(dtype).replace("torch.", ""), "B": B, "T": T,
-                        "mask": kind, "loop_ms": loop_s * 1e3, "fast_ms": fast_s * 1e3, "scan_ms": scan_s * 1e3,
-                        "floor_ms": floor_s * 1e3, "loop/fast": loop_s / fast_s, "loop/scan": loop_s / scan_s,
-                        "fast/floor": fast_s / floor_s,
+                        "mask": kind, "loop_ms": loop_s * 1e3, "fast_ms": fast_s * 1e3, "floor_ms": floor_s * 1e3,
+                        "scan_ms": scan_s * 1e3, "loop/fast": loop_s / fast_s, "fast/floor": fast_s / floor_s,
                         "scan/floor": scan_s / floor_s,
-                        "holes/rp": (fast_s / fast_rp) if kind == "holes" and fast_rp else float("nan"),
+                        "holes/rp": fast_s / res["right-padded"][0] if kind == "holes" else float("nan"),
+                        "fast_min_ms": fast_min * 1e3, "floor_min_ms": floor_min * 1e3, "faults": faults,
+                        "loop_min_ms": loop_min * 1e3, "scan_min_ms": scan_min * 1e3,
                     })
-                    print(_fmt_row(rows[-1]), flush=True)
+                    log(_fmt_row(rows[-1]))
     return rows
 
 
+TARGET = ("cpu", "float32", 64, 4096)
+
+
 def target_report(rows: List[dict]) -> List[str]:
-    """The issue's targets on CPU, float32, B=64, T=4096: loop >= 100x fast, fast <= 10x floor, holes <= 2x."""
-    rp = [r for r in rows if (r["device"], r["dtype"], r["B"], r["T"], r["mask"]) == ("cpu", "float32", 64, 4096, "right-padded")]
-    ho = [r for r in rows if (r["device"], r["dtype"], r["B"], r["T"], r["mask"]) == ("cpu", "float32", 64, 4096, "holes")]
+    """The issue's targets on CPU, float32, B=64, T=4096: loop/fast >= 100, fast/floor <= 10, holes/rp <= 2."""
+    def pick(kind):
+        return [r for r in rows if (r["device"], r["dtype"], r["B"], r["T"]) == TARGET and r["mask"] == kind]
+
+    rp, ho = pick("right-padded"), pick("holes")
     if not rp or not ho:
         return []
     r, h = rp[0], ho[0]
@@ -259,13 +282,44 @@ def target_report(rows: List[dict]) -> List[str]:
         return "met" if flag else "NOT met"
 
     return [
-        "targets (cpu, float32, B=64, T=4096):",
-        f"  loop/fast  = {r['loop/fast']:.0f}x  (gae end to end; >= 100x: {ok(r['loop/fast'] >= 100)})",
-        f"  loop/scan  = {r['loop/scan']:.0f}x  (the scan alone; >= 100x: {ok(r['loop/scan'] >= 100)})",
-        f"  fast/floor = {r['fast/floor']:.1f}x  (<= 10x: {ok(r['fast/floor'] <= 10)})",
-        f"  scan/floor = {r['scan/floor']:.1f}x  (<= 10x: {ok(r['scan/floor'] <= 10)})",
-        f"  holes/rp   = {h['holes/rp']:.2f}x  (<= 2x: {ok(h['holes/rp'] <= 2)})",
+        "targets (cpu, float32, B=64, T=4096, right-padded; ratios of medians):",
+        f"  loop/fast  = {r['loop/fast']:.0f}x  (valuelab.gae end to end; target >= 100x: {ok(r['loop/fast'] >= 100)})",
+        f"  fast/floor = {r['fast/floor']:.1f}x  (target <= 10x: {ok(r['fast/floor'] <= 10)})",
+        f"  holes/rp   = {h['holes/rp']:.2f}x  (masks with holes; target <= 2x: {ok(h['holes/rp'] <= 2)})",
+        f"  for information: with holes loop/fast = {h['loop/fast']:.0f}x, fast/floor = {h['fast/floor']:.1f}x; "
+        f"the scan alone loop/scan = {r['loop_ms'] / r['scan_ms']:.0f}x, scan/floor = {r['scan/floor']:.1f}x",
     ]
+
+
+def machine_description(threads: int, mallopt: bool) -> dict:
+    """CPU model, core count, torch version and threads, for the JSON next to the CSV."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except (OSError, AttributeError):
+        load = None
+    return {
+        "cpu_model": model,
+        "logical_cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": threads,
+        "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "?")(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "mallopt": mallopt,
+        "loadavg_at_start": load,
+        "gamma": GAMMA,
+        "lam": LAM,
+    }
 
 
 def _fmt(v) -> str:
@@ -276,7 +330,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-_WIDTHS = [6, 8, 3, 6, 13, 9, 8, 8, 9, 9, 9, 10, 10, 8]
+_WIDTHS = [6, 8, 3, 6, 13, 9, 8, 8, 8, 9, 10, 10, 8, 11, 12, 7]
 
 
 def _fmt_row(row: dict) -> str:
@@ -292,22 +346,20 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--quick", action="store_true", help="a small grid (a few seconds)")
     ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
                     help="cpu, cuda, or all (cpu, plus cuda when present; the default)")
-    ap.add_argument("--out", default=None, help="write the table to this CSV file")
+    ap.add_argument("--out", default=None, help="write the table to this CSV file (and the machine to .json)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     ap.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
-    ap.add_argument("--stat", choices=["median", "min"], default="median",
-                    help="how repeats are summarised (min is robust on a shared, noisy machine)")
     ap.add_argument("--shapes", default=None,
                     help="comma-separated BxT list replacing the grid, e.g. 64x4096,8x32768")
+    ap.add_argument("--repeats", type=int, default=0, help="rounds of the interleaved timing of the fast paths (default 61, quick 15)")
     ap.add_argument("--mallopt", action="store_true",
                     help="CPU, glibc only: keep freed memory in the process (no page faults on every "
-                         "fresh MB-sized temporary); see keep_freed_memory")
+                         "fresh MB-sized output); see keep_freed_memory")
     args = ap.parse_args(argv)
+    mallopt = keep_freed_memory() if args.mallopt else False
     if args.mallopt:
-        print("mallopt:", "applied" if keep_freed_memory() else "not available on this platform")
+        print("mallopt:", "applied" if mallopt else "not available on this platform")
 
-    global STAT
-    STAT = args.stat
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -324,22 +376,35 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             assert all(len(bt) == 2 and bt[0] > 0 and bt[1] > 0 for bt in grid)
         except (ValueError, AssertionError):
             ap.error(f"--shapes: expected a list like 64x4096,8x32768, got {args.shapes!r}")
+    machine = machine_description(torch.get_num_threads(), bool(mallopt))
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, gamma={GAMMA}, lam={LAM}; "
-          f"fast = {'valuelab.gae' if _wired() else 'valuelab.bench._gae_wired (fast scan not wired yet)'}; "
-          f"times are {STAT}s in ms")
+    print(f"{machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} CPU threads, gamma={GAMMA}, lam={LAM}; fast = valuelab.gae; "
+          "times in ms (median of the repeats; *_min: minimum); ratios of medians")
     print(_header(), flush=True)
     t0 = time.perf_counter()
-    rows = run_grid(devices, grid, dtypes, loop_budget_s=0.4 if args.quick else 1.5, fast_repeats=15 if args.quick else 31)
+    repeats = args.repeats or (15 if args.quick else 61)
+    rows = run_grid(devices, grid, dtypes, loop_budget_s=0.4 if args.quick else 3.0, fast_repeats=repeats,
+                    log=lambda line: print(line, flush=True))
     print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
     for line in target_report(rows):
         print(line)
     if args.out:
         with open(args.out, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=COLUMNS)
+            w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
             w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {args.out}")
+            for row in rows:
+                w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
+        try:
+            machine["loadavg_at_end"] = os.getloadavg()
+        except (OSError, AttributeError):
+            pass
+        machine["command"] = "python -m valuelab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        machine["targets"] = target_report(rows)
+        meta = os.path.splitext(args.out)[0] + ".json"
+        with open(meta, "w") as fh:
+            json.dump(machine, fh, indent=1)
+        print(f"wrote {args.out} and {meta}")
     return rows
 
 
