@@ -1,4 +1,4 @@
-"""Tests of the critics and the refresh-then-fit loop of chapter 07_experiments."""
+"""Tests of the critics and the refresh-then-fit loop of chapter 7 (``chapters/07_propagation``)."""
 
 from __future__ import annotations
 

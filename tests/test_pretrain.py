@@ -1,4 +1,4 @@
-"""Tests of value pretraining (VC-PPO), chapter 09_long_responses."""
+"""Tests of value pretraining (VC-PPO), chapter 10_long_responses."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of the toy world of chapter 07_experiments: exact DP values, sampling, rewards, arguments."""
+"""Tests of the toy world of chapter 7 (``chapters/07_propagation``): exact DP values, sampling, rewards, arguments."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-r"""The backward scan without a Python loop over tokens (derived in ``chapters/08_fast_gae``).
+r"""The backward scan without a Python loop over tokens (derived in ``chapters/09_fast_gae``).
 
 Every return and advantage of :mod:`valuelab` is the backward linear recursion
 
@@ -60,7 +60,7 @@ with holes compacted by a cumulative sum and one scatter
 intermediate results in per-thread scratch buffers reused between calls
 (:func:`_scratch`, :func:`clear_scratch`), because on the CPU a fresh
 MB-sized temporary costs page faults worth several passes over it. The
-benchmark (``python -m valuelab.bench``) and ``chapters/08_fast_gae`` give
+benchmark (``python -m valuelab.bench``) and ``chapters/09_fast_gae`` give
 the numbers.
 """
 
@@ -109,7 +109,7 @@ _BLOCK_STEP = 32
 def fast_backward_scan(x: torch.Tensor, d: Decay) -> torch.Tensor:
     r"""Solve :math:`y_t = x_t + d_t\,y_{t+1}`, :math:`y_T = 0` along the last axis, without a loop over tokens.
 
-    Equation ``(eq-fast-scan)``, derived in ``chapters/08_fast_gae``; the same
+    Equation ``(eq-fast-scan)``, derived in ``chapters/09_fast_gae``; the same
     contract as :func:`valuelab._scan.backward_scan` (whose result it matches to
     float rounding) with one extension: ``d`` says by its *shape* whether the
     decay changes along time.
@@ -393,7 +393,7 @@ def fast_nstep_returns(
     r"""n-step return :math:`G^{(n)}_t = f_t\circ\cdots\circ f_{t+n-1}(V_{t+n})` by sparse-table doubling.
 
     Equation ``(eq-nstep-return)`` of chapter 4, loop-free form derived in
-    ``chapters/08_fast_gae``. On compacted rows (``valid`` right-padded), with
+    ``chapters/09_fast_gae``. On compacted rows (``valid`` right-padded), with
     :math:`f_t(y) = r_t + \gamma_t y` on valid tokens, the identity map after
     the last one, and :math:`V_t` = ``bootstrap`` from the last valid token on.
     The maps of the windows of length :math:`2^j` are built by
@@ -671,7 +671,7 @@ def fused_returns(
     r"""The λ-return and GAE (or, with ``values=None``, the Monte-Carlo return) end to end, for constant γ and λ.
 
     One scan instead of a TD-error pass, a scan and an add: the λ-return obeys
-    its own recursion (``(eq-fast-lambda-return)`` in ``chapters/08_fast_gae``)
+    its own recursion (``(eq-fast-lambda-return)`` in ``chapters/09_fast_gae``)
 
     .. math::  G_t = \underbrace{r_t + (\gamma - c)\,V_{t+1}}_{x_t} + c\, G_{t+1},\qquad c=\gamma\lambda,
 
@@ -803,7 +803,7 @@ def _naive_rescaled_scan(x: torch.Tensor, c: float) -> torch.Tensor:
     about 13 800, in float64) while :math:`c^{j}` underflows to 0 there, giving
     ``inf * 0 = nan`` and ``inf``. Below that length it is as accurate as the loop:
     the failure is purely one of range. Undefined for :math:`c = 0`
-    (:math:`0^{-t}`). Kept only so that ``chapters/08_fast_gae`` and the tests can
+    (:math:`0^{-t}`). Kept only so that ``chapters/09_fast_gae`` and the tests can
     show it fail.
     """
     t = torch.arange(x.shape[-1], dtype=x.dtype, device=x.device)

@@ -82,7 +82,7 @@ def gae(
     No Python loop over tokens: for numeric ``gamma`` and ``lam`` the
     λ-return is scanned in blocks by matrix products
     (``valuelab._fastscan.fused_returns``, ``(eq-fast-lambda-return)`` and
-    ``(eq-fast-block)`` of chapter 8), otherwise the TD errors are
+    ``(eq-fast-block)`` of chapter 9), otherwise the TD errors are
     (``valuelab._fastscan.fast_backward_scan``). The results equal the
     recursion's to float rounding.
     """
@@ -162,7 +162,7 @@ def decoupled_gae(
 ) -> DecoupledGAE:
     r"""Decoupled GAE (Yuan et al., 2025): advantages with :math:`\lambda_\text{actor}`, returns with :math:`\lambda_\text{critic}`.
 
-    Equation ``(eq-decoupled-gae)`` of chapter 9. The critic's target with
+    Equation ``(eq-decoupled-gae)`` of chapter 10. The critic's target with
     :math:`\lambda_\text{critic}=1` is the Monte-Carlo return, free of the
     critic's own bias; the policy keeps a lower-variance
     :math:`\lambda_\text{actor}<1`. ``lam_actor`` may be per sequence, e.g.
@@ -176,7 +176,7 @@ def decoupled_gae(
 def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
     r"""Length-adaptive :math:`\lambda = 1 - 1/(\alpha\, l)` per sequence, clamped to [0, 1] (Yue et al., 2025).
 
-    Equation ``(eq-length-adaptive-lam)`` of chapter 9. ``lengths`` holds the
+    Equation ``(eq-length-adaptive-lam)`` of chapter 10. ``lengths`` holds the
     number of generated tokens :math:`l` of each sequence (shape ``(B,)``);
     the result has shape ``(B, 1)``, ready for ``gae(..., lam=...)``. It keeps
     :math:`\sum_l \lambda^l \approx \alpha l`, the effective horizon, a fixed

@@ -5,7 +5,7 @@ CPU cores) or ``--quick``; ``--device cuda`` on a GPU (the default is CPU, plus
 CUDA when present), ``--out results.csv`` to keep the numbers (a
 ``results.json`` next to it describes the machine), ``--shapes 64x4096`` for
 one shape, ``--mallopt`` to switch glibc's malloc to keep freed memory (see
-:func:`keep_freed_memory`). The timings are discussed in ``chapters/08_fast_gae``;
+:func:`keep_freed_memory`). The timings are discussed in ``chapters/09_fast_gae``;
 the stored full run is ``chapters/data/bench_cpu.csv``.
 
 For every device, dtype, batch ``B``, length ``T`` and mask kind (right-padded

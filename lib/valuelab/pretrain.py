@@ -1,4 +1,4 @@
-"""Value pretraining: fit the critic to Monte-Carlo returns of a fixed policy before RL (chapter 09_long_responses).
+"""Value pretraining: fit the critic to Monte-Carlo returns of a fixed policy before RL (chapter 10, ``chapters/10_long_responses``).
 
 VC-PPO (Yuan et al., 2025) starts PPO on long responses with a critic that
 has first been regressed onto Monte-Carlo returns of responses sampled from
@@ -37,7 +37,7 @@ def pretrain_value(
     callback: Optional[Callable[[int, nn.Module, FitHistory], None]] = None,
     progress: Optional[bool] = False,
 ) -> FitHistory:
-    r"""Value pretraining (Yuan et al., 2025), equation ``(eq-value-pretraining)`` of chapter 9.
+    r"""Value pretraining (Yuan et al., 2025), equation ``(eq-value-pretraining)`` of chapter 10.
 
     .. math:: \phi_\text{pre} = \arg\min_\phi\ \E_{\pi_0}\Big[\sum_t \big(V_\phi(s_t) - G_t\big)^2\Big],
 
