@@ -1,6 +1,5 @@
 import os
 
-import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(

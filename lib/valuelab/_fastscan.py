@@ -47,7 +47,7 @@ why it cannot be used: :math:`c^{-t}` overflows and :math:`c^{j}` underflows.
 
 The module also has the loop-free helpers for the rest of the package: the
 O(T) replacement of the argsort in :func:`valuelab._scan.pack`
-(:func:`valid_first_order`, :func:`pack_fast`), the right-padding test
+(:func:`valid_first_order`), the right-padding test
 (:func:`right_padded_rows`: one matrix-vector product), and the n-step
 return by sparse-table doubling (:func:`fast_nstep_returns`).
 
@@ -79,7 +79,6 @@ __all__ = [
     "time_invariant_decay",
     "fast_nstep_returns",
     "valid_first_order",
-    "pack_fast",
     "float_mask",
     "right_padded_rows",
     "compaction_index",
@@ -473,29 +472,6 @@ def valid_first_order(mask: torch.Tensor, lengths: Optional[torch.Tensor] = None
     L = cs[:, -1:] if lengths is None else lengths.to(torch.int32)
     dest = torch.where(mask, cs - 1, (L + t.to(torch.int32)) - cs).long()
     return torch.empty_like(dest).scatter_(-1, dest, t.expand(B, T))
-
-
-def pack_fast(mask: torch.Tensor):
-    """:func:`valuelab._scan.pack` without the argsort: same result, O(T).
-
-    The right-padding test uses the same cumulative sum: the valid columns
-    of a row are ``{0, ..., L-1}`` exactly when their sum is ``L(L-1)/2``,
-    i.e. when ``sum_t cumsum(mask)[t] == T*L - L(L-1)/2``.
-    """
-    from ._scan import Packed  # late import: _scan may import this module
-
-    B, T = mask.shape
-    if T == 0 or B == 0:
-        return Packed(order=None, valid=mask)
-    cs = mask.to(torch.int32).cumsum(-1, dtype=torch.int32)
-    L = cs[:, -1:]
-    L64 = L.long()
-    if bool((cs.sum(-1, keepdim=True, dtype=torch.int64) == T * L64 - (L64 * (L64 - 1)) // 2).all()):
-        return Packed(order=None, valid=mask)
-    t = torch.arange(T, device=mask.device)
-    dest = torch.where(mask, cs - 1, (L + t.to(torch.int32)) - cs).long()
-    order = torch.empty_like(dest).scatter_(-1, dest, t.expand(B, T))
-    return Packed(order=order, valid=t < L)
 
 
 # ---------------------------------------------------------------------------
