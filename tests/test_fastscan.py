@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import valuelab
 from valuelab import reference as ref
 from valuelab import _fastscan as fs
+from valuelab import _native
 from valuelab._fastscan import (
     _naive_rescaled_scan,
     fast_backward_scan,
@@ -28,6 +29,8 @@ from valuelab._fastscan import (
     valid_first_order,
 )
 from valuelab._scan import backward_scan, pack, prepare
+
+from conftest import CPU_PATHS, cpu_path_context
 
 DTYPES = [torch.float32, torch.float64]
 CONSTANTS = [0.0, 1e-8, 0.5, 0.95, 0.999, 1.0]
@@ -489,7 +492,7 @@ GL = [(1.0, 0.95), (0.99, 1.0), (1.0, 0.0), (0.0, 0.5), (0.97, 0.3), (1.0, 1e-8)
 @pytest.mark.parametrize("kind", ["none", "right", "holes", "spans", "empty-rows"])
 @pytest.mark.parametrize("gamma,lam", GL)
 @pytest.mark.parametrize("T", [0, 1, 2, 17, 128, 129, 300, 2100])
-def test_fused_gae_matches_reference(T, gamma, lam, kind, dtype):
+def test_fused_gae_matches_reference(T, gamma, lam, kind, dtype, cpu_path):
     g = torch.Generator().manual_seed(T * 31 + int(lam * 100))
     B = 3
     r = torch.randn(B, T, generator=g, dtype=torch.float64).to(dtype)
@@ -517,12 +520,14 @@ def test_hypothesis_fused_gae_matches_reference(B, T, gamma, lam, kind, boot, dt
     v = (torch.randn(B, T, generator=g, dtype=torch.float64) * 3).to(dtype)
     mask = _mask(B, T, kind, g)
     b = {"none": None, "float": -1.5, "tensor": torch.randn(B, generator=g, dtype=torch.float64).to(dtype)}[boot]
-    _check_gae(r, v, mask, gamma, lam, b, 5e-5 if dtype == torch.float32 else 1e-11)
+    for path in CPU_PATHS if _native.available() else CPU_PATHS[1:]:
+        with cpu_path_context(path):
+            _check_gae(r, v, mask, gamma, lam, b, 5e-5 if dtype == torch.float32 else 1e-11)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["right", "holes"])
-def test_fused_gae_equals_general_path(kind, dtype):
+def test_fused_gae_equals_general_path(kind, dtype, cpu_path):
     # scalar gamma/lam take the fused path; the same values as 0-dim tensors take the general one
     g = torch.Generator().manual_seed(5)
     B, T = 4, 3000
@@ -540,7 +545,7 @@ def test_fused_gae_equals_general_path(kind, dtype):
 
 @pytest.mark.parametrize("lam", [0.95, 0.3, 1.0])
 @pytest.mark.parametrize("kind", ["right", "spans"])
-def test_fused_gae_long_rows_float32(kind, lam):
+def test_fused_gae_long_rows_float32(kind, lam, cpu_path):
     # T = 100 000 in float32 against the float64 loop, with a bound scaled by the condition of the sums
     T = 100_000
     g = torch.Generator().manual_seed(11)
@@ -563,7 +568,7 @@ def test_fused_gae_long_rows_float32(kind, lam):
     assert bool((out.advantages[0][~mask[0]] == 0).all()) and bool((out.returns[0][~mask[0]] == 0).all())
 
 
-def test_fused_gae_accepts_views_and_1d():
+def test_fused_gae_accepts_views_and_1d(cpu_path):
     g = torch.Generator().manual_seed(2)
     base_r = torch.randn(300, 6, generator=g, dtype=torch.float64)
     base_v = torch.randn(300, 6, generator=g, dtype=torch.float64)
@@ -581,7 +586,7 @@ def test_fused_gae_accepts_views_and_1d():
     assert torch.equal(a.advantages, b.advantages)
 
 
-def test_fused_gae_garbage_in_masked_slots_never_leaks():
+def test_fused_gae_garbage_in_masked_slots_never_leaks(cpu_path):
     g = torch.Generator().manual_seed(3)
     B, T = 4, 500
     r = torch.randn(B, T, generator=g, dtype=torch.float64)
@@ -596,7 +601,7 @@ def test_fused_gae_garbage_in_masked_slots_never_leaks():
             assert torch.equal(clean.advantages, junk.advantages) and torch.equal(clean.returns, junk.returns)
 
 
-def test_fused_gae_outputs_are_fresh_and_scratch_is_per_thread():
+def test_fused_gae_outputs_are_fresh_and_scratch_is_per_thread(cpu_path):
     import threading
 
     g = torch.Generator().manual_seed(4)
@@ -627,7 +632,7 @@ def test_fused_gae_outputs_are_fresh_and_scratch_is_per_thread():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["none", "right", "holes", "empty-rows"])
-def test_fused_discounted_returns(kind, dtype):
+def test_fused_discounted_returns(kind, dtype, cpu_path):
     g = torch.Generator().manual_seed(6)
     B, T = 3, 2500
     r = torch.randn(B, T, generator=g, dtype=torch.float64).to(dtype)
@@ -730,7 +735,7 @@ def test_right_padded_rows_and_compaction_index():
     assert torch.equal(comp.gather(-1, dest) * mask, x * mask)
 
 
-def test_gae_op_count_grows_only_logarithmically():
+def test_gae_op_count_grows_only_logarithmically(cpu_path):
     # the whole estimator, not only the scan: no Python loop over tokens anywhere
     for kind in ("right", "spans"):
         g = torch.Generator().manual_seed(9)

@@ -52,7 +52,10 @@ O(T) replacement of the argsort in :func:`valuelab._scan.pack`
 return by sparse-table doubling (:func:`fast_nstep_returns`).
 
 **The fused estimators.** :func:`fused_returns` is what :func:`valuelab.gae`
-and :func:`valuelab.discounted_returns` run when γ and λ are numbers: the
+and :func:`valuelab.discounted_returns` run when γ and λ are numbers. On a
+CPU it hands the whole job to the C kernel (:mod:`valuelab._native`: one
+pass, ``(eq-fast-vector-scan)``) when that is available; otherwise (a GPU,
+no C compiler, ``VALUELAB_NATIVE=0``) it computes, in PyTorch, the
 λ-return recursion :math:`G_t = r_t + \gamma(1-\lambda)V_{t+1} + \gamma\lambda G_{t+1}`
 (``(eq-fast-lambda-return)``) scanned once, without a TD-error pass; a mask
 with holes compacted by a cumulative sum and one scatter
@@ -73,6 +76,8 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
+
+from . import _native
 
 __all__ = [
     "fast_backward_scan",
@@ -646,7 +651,10 @@ def fused_returns(
 ):
     r"""The λ-return and GAE (or, with ``values=None``, the Monte-Carlo return) end to end, for constant γ and λ.
 
-    One scan instead of a TD-error pass, a scan and an add: the λ-return obeys
+    On a CPU with the C kernel available (:func:`valuelab._native.scan`), that
+    kernel does everything in one pass and the rest of this function does not
+    run. Otherwise (a GPU, no compiler, the kernel switched off):
+    one scan instead of a TD-error pass, a scan and an add: the λ-return obeys
     its own recursion (``(eq-fast-lambda-return)`` in ``chapters/09_fast_gae``)
 
     .. math::  G_t = \underbrace{r_t + (\gamma - c)\,V_{t+1}}_{x_t} + c\, G_{t+1},\qquad c=\gamma\lambda,
@@ -686,6 +694,9 @@ def fused_returns(
         c = float(np.float32(gamma) * np.float32(lam))
     else:
         c = gamma * lam
+    native = _native.scan(rewards, values, mask, gamma, c, bootstrap)  # one pass in C, on a CPU
+    if native is not None:
+        return native
     k = gamma - c  # (1 - lam) gamma: the weight of the next value in x
     ret = torch.empty((B, T), dtype=dtype, device=device)
     adv = torch.empty((B, T), dtype=dtype, device=device) if with_values else None

@@ -79,10 +79,12 @@ def gae(
     arguments as in :func:`valuelab.td_errors`. Masked tokens get 0 in both
     outputs; the recursion carries over holes.
 
-    No Python loop over tokens: for numeric ``gamma`` and ``lam`` the
-    λ-return is scanned in blocks by matrix products
-    (``valuelab._fastscan.fused_returns``, ``(eq-fast-lambda-return)`` and
-    ``(eq-fast-block)`` of chapter 9), otherwise the TD errors are
+    No Python loop over tokens: for numeric ``gamma`` and ``lam``, on a CPU,
+    one pass of a C kernel (:mod:`valuelab._native`, ``(eq-fast-vector-scan)``
+    of chapter 9); on a GPU or without a C compiler the λ-return is scanned
+    in blocks by matrix products (``valuelab._fastscan.fused_returns``,
+    ``(eq-fast-lambda-return)`` and ``(eq-fast-block)``); for tensor
+    ``gamma`` or ``lam`` the TD errors are
     (``valuelab._fastscan.fast_backward_scan``). The results equal the
     recursion's to float rounding.
     """

@@ -10,8 +10,8 @@ the stored full run is ``chapters/data/bench_cpu.csv``.
 
 For every device, dtype, batch ``B``, length ``T`` and mask kind (right-padded
 or with holes), measured in the same run, with ``torch.cuda.synchronize``
-around each call on a GPU; the fast paths of one shape (right-padded, holes,
-scan) are timed in turn, one call each per round (:func:`time_interleaved`),
+around each call on a GPU; the fast paths of one shape (right-padded and holes; then the
+same two on the PyTorch path) are timed in turn, one call each per round (:func:`time_interleaved`),
 so that their ratios are fair on a machine whose speed drifts, and the
 floor in a tight loop of its own (its smallest, warmest time: the
 conservative choice for ``fast/floor``); median and minimum are kept:
@@ -25,16 +25,17 @@ conservative choice for ``fast/floor``); median and minimum are kept:
 ``fast``
     :func:`valuelab.gae` end to end, the public function: argument checks,
     the right-padding test, hole compaction, the scan, the outputs.
-``scan``
-    :func:`valuelab._fastscan.fast_backward_scan` alone on ``(B, T)`` data
-    with a constant decay: the part that replaces the loop.
+``torch``
+    :func:`valuelab.gae` end to end with the C kernel switched off
+    (:func:`valuelab._native.disabled`): the PyTorch block scan, the path a
+    GPU takes and the one a CPU takes without a C compiler.
 ``floor``
     One elementwise pass over the same tensors, ``torch.add(rewards, values,
     alpha=gamma, out=buf)`` into a buffer allocated once: nothing that reads
     the inputs and writes an output can be faster (``valuelab.gae`` reads
     three tensors and writes two, and allocates them).
 
-Ratios (of medians): ``loop/fast``, ``fast/floor``, ``scan/floor`` and, for
+Ratios (of medians): ``loop/fast``, ``fast/floor``, ``torch/floor`` and, for
 masks with holes, ``holes/rp`` (fast with holes over fast right-padded, same
 shape). ``faults`` is the number of minor page faults per ``fast`` call: on a
 CPU, PyTorch allocates every output with ``malloc``, and a buffer glibc has
@@ -59,7 +60,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from . import advantages as _advantages
-from ._fastscan import fast_backward_scan
+from . import _native
 
 GAMMA = 1.0
 LAM = 0.95
@@ -91,6 +92,12 @@ def loop_gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: flo
 def fast_gae(rewards, values, mask, gamma, lam):
     """The public :func:`valuelab.gae`."""
     return _advantages.gae(rewards, values, mask=mask, gamma=gamma, lam=lam)
+
+
+def torch_gae(rewards, values, mask, gamma, lam):
+    """:func:`valuelab.gae` with the C kernel switched off: the PyTorch block scan."""
+    with _native.disabled():
+        return _advantages.gae(rewards, values, mask=mask, gamma=gamma, lam=lam)
 
 
 # ---------------------------------------------------------------------------
@@ -190,10 +197,10 @@ def _repeats_for(estimate_s: float, budget_s: float, lo: int = 1, hi: int = 25) 
 # ---------------------------------------------------------------------------
 
 COLUMNS = [
-    "device", "dtype", "B", "T", "mask", "loop_ms", "fast_ms", "floor_ms", "scan_ms",
-    "loop/fast", "fast/floor", "scan/floor", "holes/rp", "fast_min_ms", "floor_min_ms", "faults",
+    "device", "dtype", "B", "T", "mask", "loop_ms", "fast_ms", "floor_ms", "torch_ms",
+    "loop/fast", "fast/floor", "torch/floor", "holes/rp", "fast_min_ms", "floor_min_ms", "faults",
 ]
-CSV_COLUMNS = COLUMNS + ["loop_min_ms", "scan_min_ms"]
+CSV_COLUMNS = COLUMNS + ["loop_min_ms", "torch_min_ms"]
 
 
 def time_interleaved(fns: dict, device: torch.device, repeats: int, warmup: int = 2) -> dict:
@@ -241,25 +248,27 @@ def run_grid(devices, grid, dtypes, loop_budget_s: float, fast_repeats: int, log
                 # smallest (a conservative fast/floor)
                 floor = time_call(lambda: torch.add(r, v, alpha=GAMMA, out=floor_buf), device,
                                   repeats=max(fast_repeats, 25), warmup=3)
-                x, xh = (r - v) * m, (rh - vh) * mh  # TD-error-like inputs, zero on masked slots
                 res = time_interleaved({
                     "right-padded": lambda: fast_gae(r, v, m, GAMMA, LAM),
                     "holes": lambda: fast_gae(rh, vh, mh, GAMMA, LAM),
-                    "scan right-padded": lambda: fast_backward_scan(x, GAMMA * LAM),
-                    "scan holes": lambda: fast_backward_scan(xh, GAMMA * LAM),
                 }, device, repeats=fast_repeats)
+                # the PyTorch path in a group of its own: its scratch buffers would evict the fast path's data
+                res.update(time_interleaved({
+                    "torch right-padded": lambda: torch_gae(r, v, m, GAMMA, LAM),
+                    "torch holes": lambda: torch_gae(rh, vh, mh, GAMMA, LAM),
+                }, device, repeats=fast_repeats))
                 floor_s, floor_min, _ = floor
                 for kind in ("right-padded", "holes"):
                     fast_s, fast_min, faults = res[kind]
-                    scan_s, scan_min, _ = res["scan " + kind]
+                    torch_s, torch_min, _ = res["torch " + kind]
                     rows.append({
                         "device": device.type, "dtype": str(dtype).replace("torch.", ""), "B": B, "T": T,
                         "mask": kind, "loop_ms": loop_s * 1e3, "fast_ms": fast_s * 1e3, "floor_ms": floor_s * 1e3,
-                        "scan_ms": scan_s * 1e3, "loop/fast": loop_s / fast_s, "fast/floor": fast_s / floor_s,
-                        "scan/floor": scan_s / floor_s,
+                        "torch_ms": torch_s * 1e3, "loop/fast": loop_s / fast_s, "fast/floor": fast_s / floor_s,
+                        "torch/floor": torch_s / floor_s,
                         "holes/rp": fast_s / res["right-padded"][0] if kind == "holes" else float("nan"),
                         "fast_min_ms": fast_min * 1e3, "floor_min_ms": floor_min * 1e3, "faults": faults,
-                        "loop_min_ms": loop_min * 1e3, "scan_min_ms": scan_min * 1e3,
+                        "loop_min_ms": loop_min * 1e3, "torch_min_ms": torch_min * 1e3,
                     })
                     log(_fmt_row(rows[-1]))
     return rows
@@ -287,7 +296,7 @@ def target_report(rows: List[dict]) -> List[str]:
         f"  fast/floor = {r['fast/floor']:.1f}x  (target <= 10x: {ok(r['fast/floor'] <= 10)})",
         f"  holes/rp   = {h['holes/rp']:.2f}x  (masks with holes; target <= 2x: {ok(h['holes/rp'] <= 2)})",
         f"  for information: with holes loop/fast = {h['loop/fast']:.0f}x, fast/floor = {h['fast/floor']:.1f}x; "
-        f"the scan alone loop/scan = {r['loop_ms'] / r['scan_ms']:.0f}x, scan/floor = {r['scan/floor']:.1f}x",
+        f"the PyTorch path (C kernel off) loop/torch = {r['loop_ms'] / r['torch_ms']:.0f}x, torch/floor = {r['torch/floor']:.1f}x",
     ]
 
 
@@ -316,6 +325,7 @@ def machine_description(threads: int, mallopt: bool) -> dict:
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "mallopt": mallopt,
+        "cpu_path": _native.status(),
         "loadavg_at_start": load,
         "gamma": GAMMA,
         "lam": LAM,
@@ -379,7 +389,8 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     machine = machine_description(torch.get_num_threads(), bool(mallopt))
 
     print(f"{machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} CPU threads, gamma={GAMMA}, lam={LAM}; fast = valuelab.gae; "
+          f"{torch.get_num_threads()} CPU threads, gamma={GAMMA}, lam={LAM}; fast = valuelab.gae "
+          f"(CPU: {machine['cpu_path']}); torch = valuelab.gae with the C kernel off; "
           "times in ms (median of the repeats; *_min: minimum); ratios of medians")
     print(_header(), flush=True)
     t0 = time.perf_counter()

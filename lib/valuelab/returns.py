@@ -37,7 +37,9 @@ def discounted_returns(
 
     Equation ``(eq-mc-return)`` of chapter 1, computed through its recursion
     :math:`G_t = r_t + \gamma_t G_{t+1}` ``(eq-mc-recursion)`` with
-    :math:`G_{T+1}` = ``bootstrap``.
+    :math:`G_{T+1}` = ``bootstrap``, without a Python loop over tokens: for
+    a numeric ``gamma`` on a CPU, one pass of the C kernel
+    (:mod:`valuelab._native`), else the blocked scan of chapter 9.
 
     Args:
         rewards: per-token rewards, shape ``(T,)`` or ``(B, T)``, float.

@@ -1,0 +1,220 @@
+/*
+ * valuelab's CPU kernel for GAE and the discounted return: one pass over the
+ * tokens, no Python loop, no intermediate tensors. Derived in
+ * chapters/09_fast_gae.ipynb, section "One pass in C"; loaded by
+ * valuelab/_native.py, which compiles this file with the system's C compiler
+ * on first use. Plain C99 plus GCC/Clang vector extensions; no Python or
+ * torch headers.
+ *
+ * For each row, backwards from its end, the mask is cut into runs of valid
+ * tokens and runs of masked tokens (the mask bytes are read 8 at a time).
+ * Masked runs get 0 in every output. A valid run [s, e) is scanned with the
+ * carry (A, nv) left by the run after it: A the advantage (or return) of the
+ * next valid token, nv its value. Carrying over a masked run is exactly
+ * running on the compacted sequence (chapter 9, "holes").
+ *
+ * Inside a run, W consecutive tokens are one vector. With x the TD errors of
+ * the W tokens, the in-vector backward scan y_i = sum_{j>=i} c^(j-i) x_j is
+ * log2(W) doubling steps, y <- y + c^(2^k) * shift(y, 2^k)
+ * (eq-fast-vector-scan); the carry enters as y_i + c^(W-i) A
+ * (eq-fast-vector-carry), and the new carry is lane 0. Powers of c are <= 1:
+ * nothing overflows or underflows for c in [0, 1].
+ *
+ * GAE (values != NULL):  A_t = delta_t + c A_{t+1},  delta_t = r_t + gamma nv - v_t,
+ *                        adv_t = A_t, ret_t = A_t + v_t, c = gamma * lambda,
+ *                        A after the last valid token 0, nv there the bootstrap.
+ * Return (values == NULL): G_t = r_t + c G_{t+1}, c = gamma, G after the last
+ *                        valid token the bootstrap; written to ret.
+ */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float vf32 __attribute__((vector_size(64)));     /* 16 lanes */
+typedef int32_t vi32 __attribute__((vector_size(64)));
+typedef double vf64 __attribute__((vector_size(64)));    /* 8 lanes */
+typedef int64_t vi64 __attribute__((vector_size(64)));
+
+#define ALL_VALID 0x0101010101010101ULL /* 8 bool bytes, all true */
+
+/* Start of the valid run that ends at e - 1 (m[e - 1] is true). */
+static int64_t valid_run_start(const uint8_t *m, int64_t e) {
+    int64_t s = e;
+    while (s >= 8) {
+        uint64_t w;
+        memcpy(&w, m + s - 8, 8);
+        if (w != ALL_VALID) break;
+        s -= 8;
+    }
+    while (s > 0 && m[s - 1]) --s;
+    return s;
+}
+
+/* Start of the masked run that ends at e - 1 (m[e - 1] is false). */
+static int64_t masked_run_start(const uint8_t *m, int64_t e) {
+    int64_t s = e;
+    while (s >= 8) {
+        uint64_t w;
+        memcpy(&w, m + s - 8, 8);
+        if (w != 0) break;
+        s -= 8;
+    }
+    while (s > 0 && !m[s - 1]) --s;
+    return s;
+}
+
+/* y_i <- y_i + c^k y_{i+k} (0 past the last lane), for k = 1, 2, 4, ... < W: eq-fast-vector-scan */
+#define SHIFT16(x, z, k) \
+    __builtin_shuffle(x, z, (vi32){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k, \
+                                   8 + k, 9 + k, 10 + k, 11 + k, 12 + k, 13 + k, 14 + k, 15 + k})
+#define SCAN16(x, z, cp)                          \
+    do {                                          \
+        x = x + cp[0] * SHIFT16(x, z, 1);         \
+        x = x + cp[1] * SHIFT16(x, z, 2);         \
+        x = x + cp[2] * SHIFT16(x, z, 4);         \
+        x = x + cp[3] * SHIFT16(x, z, 8);         \
+    } while (0)
+#define SHIFT8(x, z, k) __builtin_shuffle(x, z, (vi64){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k})
+#define SCAN8(x, z, cp)                           \
+    do {                                          \
+        x = x + cp[0] * SHIFT8(x, z, 1);          \
+        x = x + cp[1] * SHIFT8(x, z, 2);          \
+        x = x + cp[2] * SHIFT8(x, z, 4);          \
+    } while (0)
+
+#define DEFINE_KERNEL(NAME, T_, V_, W, SCAN)                                                          \
+    /* One valid run [s, e) of one row; *A_io and *nv_io carry in and out. */                         \
+    static void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,         \
+                           T_ gamma, T_ c, const T_ *cp, V_ P, T_ *A_io, T_ *nv_io) {                  \
+        T_ A = *A_io;                                                                                 \
+        int64_t t = e - 1; /* the run's last token: its next value is the carried nv */               \
+        if (v) {                                                                                      \
+            A = (r[t] + gamma * *nv_io - v[t]) + c * A;                                               \
+            adv[t] = A;                                                                               \
+            ret[t] = A + v[t];                                                                        \
+        } else {                                                                                      \
+            A = r[t] + c * A;                                                                         \
+            ret[t] = A;                                                                               \
+        }                                                                                             \
+        const V_ zero = {0};                                                                          \
+        for (; t - W >= s; t -= W) { /* tokens p .. p + W - 1, all followed by a valid token */       \
+            int64_t p = t - W;                                                                        \
+            V_ x, vv, vn;                                                                             \
+            memcpy(&x, r + p, sizeof(V_));                                                            \
+            if (v) {                                                                                  \
+                memcpy(&vv, v + p, sizeof(V_));                                                       \
+                memcpy(&vn, v + p + 1, sizeof(V_));                                                   \
+                x = (x + gamma * vn) - vv; /* TD errors */                                            \
+            }                                                                                         \
+            SCAN(x, zero, cp);                                                                        \
+            x = x + P * A; /* eq-fast-vector-carry */                                                 \
+            A = x[0];                                                                                 \
+            if (v) {                                                                                  \
+                memcpy(adv + p, &x, sizeof(V_));                                                      \
+                x = x + vv;                                                                           \
+            }                                                                                         \
+            memcpy(ret + p, &x, sizeof(V_));                                                          \
+        }                                                                                             \
+        for (--t; t >= s; --t) { /* the run's first tokens, fewer than W */                           \
+            if (v) {                                                                                  \
+                A = (r[t] + gamma * v[t + 1] - v[t]) + c * A;                                         \
+                adv[t] = A;                                                                           \
+                ret[t] = A + v[t];                                                                    \
+            } else {                                                                                  \
+                A = r[t] + c * A;                                                                     \
+                ret[t] = A;                                                                           \
+            }                                                                                         \
+        }                                                                                             \
+        *A_io = A;                                                                                    \
+        if (v) *nv_io = v[s];                                                                         \
+    }                                                                                                 \
+    /* Rows b0 .. b1 - 1. */                                                                          \
+    static void NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot, T_ *adv,     \
+                            T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1) {             \
+        T_ cp[4]; /* c, c^2, c^4, c^8 */                                                              \
+        cp[0] = c;                                                                                    \
+        for (int i = 1; i < 4; ++i) cp[i] = cp[i - 1] * cp[i - 1];                                    \
+        V_ P; /* P_i = c^(W - i) */                                                                   \
+        T_ q = 1;                                                                                     \
+        for (int i = W - 1; i >= 0; --i) {                                                            \
+            q *= c;                                                                                   \
+            P[i] = q;                                                                                 \
+        }                                                                                             \
+        for (int64_t b = b0; b < b1; ++b) {                                                           \
+            const T_ *rb = r + b * T;                                                                 \
+            const T_ *vb = v ? v + b * T : NULL;                                                      \
+            T_ *ab = v ? adv + b * T : NULL;                                                          \
+            T_ *gb = ret + b * T;                                                                     \
+            T_ boot_b = boot ? boot[b] : (T_)0;                                                       \
+            T_ A = v ? (T_)0 : boot_b, nv = boot_b;                                                   \
+            if (!m) {                                                                                 \
+                NAME##_run(rb, vb, ab, gb, 0, T, gamma, c, cp, P, &A, &nv);                           \
+                continue;                                                                             \
+            }                                                                                         \
+            const uint8_t *mb = m + b * T;                                                            \
+            for (int64_t e = T, s; e > 0; e = s) {                                                    \
+                if (mb[e - 1]) {                                                                      \
+                    s = valid_run_start(mb, e);                                                       \
+                    NAME##_run(rb, vb, ab, gb, s, e, gamma, c, cp, P, &A, &nv);                       \
+                } else {                                                                              \
+                    s = masked_run_start(mb, e);                                                      \
+                    if (v) memset(ab + s, 0, (size_t)(e - s) * sizeof(T_));                           \
+                    memset(gb + s, 0, (size_t)(e - s) * sizeof(T_));                                  \
+                }                                                                                     \
+            }                                                                                         \
+        }                                                                                             \
+    }
+
+DEFINE_KERNEL(scan_f32, float, vf32, 16, SCAN16)
+DEFINE_KERNEL(scan_f64, double, vf64, 8, SCAN8)
+
+typedef struct {
+    const void *r, *v;
+    const uint8_t *m;
+    const void *boot;
+    void *adv, *ret;
+    int64_t T, b0, b1;
+    double gamma, c;
+    int f64;
+} job_t;
+
+static void *run_job(void *arg) {
+    const job_t *j = (const job_t *)arg;
+    if (j->f64)
+        scan_f64_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, j->gamma, j->c, j->b0, j->b1);
+    else
+        scan_f32_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, (float)j->gamma, (float)j->c, j->b0, j->b1);
+    return NULL;
+}
+
+#define MAX_THREADS 64
+
+/*
+ * The entry point. r, v (or NULL), adv (unused when v is NULL), ret: (B, T)
+ * row-major float32 (f64 = 0) or float64 (f64 = 1); m: (B, T) bytes 0/1 or
+ * NULL (all valid); boot: (B,) or NULL (0). gamma and c are rounded to the
+ * dtype here. Rows are split over nthreads threads (the caller's thread is
+ * one of them). Returns the number of threads used.
+ */
+int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *boot, void *adv, void *ret,
+                  int64_t B, int64_t T, double gamma, double c, int f64, int nthreads) {
+    if (B <= 0 || T <= 0) return 0;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    if (nthreads > B) nthreads = (int)B;
+    if (nthreads < 1) nthreads = 1;
+    job_t jobs[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int64_t per = (B + nthreads - 1) / nthreads;
+    int n = 0;
+    for (int64_t b0 = 0; b0 < B; b0 += per) {
+        job_t j = {r, v, m, boot, adv, ret, T, b0, b0 + per < B ? b0 + per : B, gamma, c, f64};
+        jobs[n++] = j;
+    }
+    int started = 0; /* threads 1 .. started run; the rest (if creation failed) run here */
+    for (int i = 1; i < n && pthread_create(&threads[i], NULL, run_job, &jobs[i]) == 0; ++i) started = i;
+    run_job(&jobs[0]);
+    for (int i = 1; i <= started; ++i) pthread_join(threads[i], NULL);
+    for (int i = started + 1; i < n; ++i) run_job(&jobs[i]);
+    return n;
+}
