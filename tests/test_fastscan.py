@@ -656,7 +656,25 @@ def test_fused_discounted_returns(kind, dtype, cpu_path):
             assert bool((got[~mask] == 0).all())
 
 
-def test_fused_path_errors_match_the_general_path():
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("where", [0, 5, 17, 110, 199, 250, 299])
+def test_a_bad_entry_anywhere_is_found(where, dtype, cpu_path):
+    # in a valid run, on its first or last tokens (done one by one by the kernel), in a hole, in the padding
+    R, V = torch.zeros(2, 300, dtype=dtype), torch.zeros(2, 300, dtype=dtype)
+    mask = torch.arange(300) < torch.tensor([[200], [300]])
+    mask[:, 100:121] = False
+    for bad in (math.nan, math.inf):
+        r = R.clone()
+        r[0, where] = bad
+        with pytest.raises(ValueError, match="rewards must be finite"):
+            valuelab.gae(r, V, mask=mask)
+        with pytest.raises(ValueError, match="values must be finite"):
+            valuelab.gae(R, r, mask=mask)
+        with pytest.raises(ValueError, match="rewards must be finite"):
+            valuelab.discounted_returns(r, mask=mask, gamma=0.9)
+
+
+def test_fused_path_errors_match_the_general_path(cpu_path):
     R, V = torch.zeros(2, 300), torch.zeros(2, 300)
     mask = torch.arange(300) < torch.tensor([[200], [300]])
     for bad in (math.nan, math.inf, -math.inf):
@@ -680,6 +698,10 @@ def test_fused_path_errors_match_the_general_path():
     out = valuelab.gae(big, torch.zeros(1, 300), gamma=1.0, lam=1.0)
     assert math.isinf(float(out.returns[0, 0]))
     assert math.isinf(float(valuelab.discounted_returns(big)[0, 0]))
+    # entries whose sum overflows but whose returns do not (they cancel): no error, the right answer
+    alt = torch.tensor([[3e38, -3e38] * 150])
+    out = valuelab.gae(alt, torch.zeros(1, 300), gamma=1.0, lam=0.0)
+    assert torch.equal(out.advantages, alt) and torch.equal(out.returns, alt)
 
 
 def test_unit_scalar_rounds_and_checks_like_check_unit_interval():

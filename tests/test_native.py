@@ -163,6 +163,15 @@ def _fresh_state(monkeypatch, tmp_path):
     monkeypatch.setenv("VALUELAB_CACHE_DIR", str(tmp_path))
 
 
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """A process that has not loaded the kernel yet and builds it into tmp_path (needs a compiler)."""
+    if not HAVE_COMPILER:
+        pytest.skip("no C compiler")
+    _fresh_state(monkeypatch, tmp_path)
+    return tmp_path
+
+
 def _gae_still_right():
     gen = torch.Generator().manual_seed(5)
     r = torch.randn(2, 40, generator=gen, dtype=torch.float64)
@@ -181,10 +190,8 @@ def test_without_a_compiler_the_pytorch_path_runs(monkeypatch, tmp_path):
     _gae_still_right()
 
 
-def test_a_source_that_does_not_compile_falls_back(monkeypatch, tmp_path):
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler")
-    _fresh_state(monkeypatch, tmp_path)
+def test_a_source_that_does_not_compile_falls_back(monkeypatch, fresh_build):
+    tmp_path = fresh_build
     broken = tmp_path / "broken.c"
     broken.write_text("this is not C\n")
     monkeypatch.setattr(_native, "SOURCE", broken)
@@ -194,10 +201,8 @@ def test_a_source_that_does_not_compile_falls_back(monkeypatch, tmp_path):
     _gae_still_right()
 
 
-def test_the_build_is_cached_under_a_hash(monkeypatch, tmp_path):
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler")
-    _fresh_state(monkeypatch, tmp_path)
+def test_the_build_is_cached_under_a_hash(monkeypatch, fresh_build):
+    tmp_path = fresh_build
     assert _native.available(), _native.status()
     built = list(tmp_path.glob("gae_kernel-*.so"))
     assert len(built) == 1
@@ -230,10 +235,8 @@ def test_cuda_tensors_never_reach_the_kernel():
     assert _native.scan(r, r, None, 1.0, 0.95, None) is None
 
 
-def test_an_unwritable_cache_falls_back_to_a_private_temporary_folder(monkeypatch, tmp_path):
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler")
-    _fresh_state(monkeypatch, tmp_path)
+def test_an_unwritable_cache_falls_back_to_a_private_temporary_folder(monkeypatch, fresh_build):
+    tmp_path = fresh_build
     blocked = tmp_path / "file-not-folder"
     blocked.write_text("")
     monkeypatch.setenv("VALUELAB_CACHE_DIR", str(blocked / "cache"))  # cannot be created
@@ -242,3 +245,21 @@ def test_an_unwritable_cache_falls_back_to_a_private_temporary_folder(monkeypatc
     assert _native.available(), _native.status()
     assert list((tmp_path / "tmp").glob("valuelab-*/gae_kernel-*.so"))
     _gae_still_right()
+
+
+def test_the_portable_build_gives_the_same_results(monkeypatch, fresh_build):
+    # the second flag set (no -march=native: 64-byte vectors split into SSE2 pieces), used where the first fails
+    monkeypatch.setattr(_native, "_FLAG_SETS", [["-O3"]])
+    assert _native.available(), _native.status()
+    assert _native.status().endswith("-O3)")
+    gen = torch.Generator().manual_seed(8)
+    for dtype in DTYPES:
+        r = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
+        v = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
+        mask = _run_lengths_mask(5, 333, gen, 30)
+        boot = torch.randn(5, generator=gen, dtype=torch.float64).to(dtype)
+        out = valuelab.gae(r, v, mask=mask, gamma=0.99, lam=0.95, bootstrap=boot)
+        ea, er = _oracle(r, v, mask, 0.99, 0.95, boot)
+        tol = (4e-6 if dtype == torch.float32 else 1e-14) * _scale(r, v, boot)
+        assert (np.abs(out.advantages.double().numpy() - ea) <= tol).all()
+        assert (np.abs(out.returns.double().numpy() - er) <= tol).all()

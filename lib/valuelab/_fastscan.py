@@ -72,12 +72,13 @@ from __future__ import annotations
 import functools
 import numbers
 import threading
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
 
 from . import _native
+from ._checks import sum_is_finite
 
 __all__ = [
     "fast_backward_scan",
@@ -648,6 +649,7 @@ def fused_returns(
     gamma: float,
     lam: float,
     bootstrap: Optional[torch.Tensor],
+    check_all: Optional[Callable[[], None]] = None,
 ):
     r"""The λ-return and GAE (or, with ``values=None``, the Monte-Carlo return) end to end, for constant γ and λ.
 
@@ -680,6 +682,10 @@ def fused_returns(
         mask: bool ``(B, T)`` or None (all valid).
         gamma, lam: Python floats in [0, 1], already rounded to the dtype.
         bootstrap: ``(B,)`` tensor or None (0).
+        check_all: called when the inputs may hold a NaN or an inf (their sum
+            is not finite: taken during the kernel's pass, or by one reduction
+            each on the PyTorch path); it checks them entry by entry and
+            raises. None: the caller has checked them.
 
     Returns:
         ``(advantages, returns)`` (``advantages`` is None without values),
@@ -696,7 +702,12 @@ def fused_returns(
         c = gamma * lam
     native = _native.scan(rewards, values, mask, gamma, c, bootstrap)  # one pass in C, on a CPU
     if native is not None:
-        return native
+        adv_n, ret_n, finite = native
+        if not finite and check_all is not None:
+            check_all()  # raises on a NaN or an inf entry; a mere overflow of the sum passes
+        return adv_n, ret_n
+    if check_all is not None and not (sum_is_finite(rewards) and (values is None or sum_is_finite(values))):
+        check_all()
     k = gamma - c  # (1 - lam) gamma: the weight of the next value in x
     ret = torch.empty((B, T), dtype=dtype, device=device)
     adv = torch.empty((B, T), dtype=dtype, device=device) if with_values else None

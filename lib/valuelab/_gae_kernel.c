@@ -26,6 +26,7 @@
  * Return (values == NULL): G_t = r_t + c G_{t+1}, c = gamma, G after the last
  *                        valid token the bootstrap; written to ret.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,9 +66,17 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
 }
 
 /* y_i <- y_i + c^k y_{i+k} (0 past the last lane), for k = 1, 2, 4, ... < W: eq-fast-vector-scan */
+#if defined(__clang__) /* the same lane selection: lanes of (x, z) concatenated */
+#define SHIFT16(x, z, k)                                                                              \
+    __builtin_shufflevector(x, z, 0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k, 8 + k, 9 + k, \
+                            10 + k, 11 + k, 12 + k, 13 + k, 14 + k, 15 + k)
+#define SHIFT8(x, z, k) __builtin_shufflevector(x, z, 0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k)
+#else
 #define SHIFT16(x, z, k) \
     __builtin_shuffle(x, z, (vi32){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k, \
                                    8 + k, 9 + k, 10 + k, 11 + k, 12 + k, 13 + k, 14 + k, 15 + k})
+#define SHIFT8(x, z, k) __builtin_shuffle(x, z, (vi64){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k})
+#endif
 #define SCAN16(x, z, cp)                          \
     do {                                          \
         x = x + cp[0] * SHIFT16(x, z, 1);         \
@@ -75,7 +84,6 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
         x = x + cp[2] * SHIFT16(x, z, 4);         \
         x = x + cp[3] * SHIFT16(x, z, 8);         \
     } while (0)
-#define SHIFT8(x, z, k) __builtin_shuffle(x, z, (vi64){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k})
 #define SCAN8(x, z, cp)                           \
     do {                                          \
         x = x + cp[0] * SHIFT8(x, z, 1);          \
@@ -84,26 +92,68 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
     } while (0)
 
 #define DEFINE_KERNEL(NAME, T_, V_, W, SCAN)                                                          \
-    /* One valid run [s, e) of one row; *A_io and *nv_io carry in and out. */                         \
-    static void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,         \
-                           T_ gamma, T_ c, const T_ *cp, V_ P, T_ *A_io, T_ *nv_io) {                  \
-        T_ A = *A_io;                                                                                 \
-        int64_t t = e - 1; /* the run's last token: its next value is the carried nv */               \
+    /* One token of the recursion, t, whose next valid value is vnext; returns its A. Its inputs     \
+       are added to *tail (the finiteness test). */                                                  \
+    static inline T_ NAME##_step(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t t, T_ vnext,    \
+                                 T_ gamma, T_ c, T_ A, T_ *tail) {                                    \
+        *tail += r[t];                                                                                \
         if (v) {                                                                                      \
-            A = (r[t] + gamma * *nv_io - v[t]) + c * A;                                               \
+            *tail += v[t];                                                                            \
+            A = (r[t] + gamma * vnext - v[t]) + c * A;                                                \
             adv[t] = A;                                                                               \
             ret[t] = A + v[t];                                                                        \
         } else {                                                                                      \
             A = r[t] + c * A;                                                                         \
             ret[t] = A;                                                                               \
         }                                                                                             \
+        return A;                                                                                     \
+    }                                                                                                 \
+    /* One valid run [s, e) of one row; *A_io and *nv_io carry in and out. */                         \
+    static void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,         \
+                           T_ gamma, T_ c, const T_ *cp, V_ P, T_ PW, T_ *A_io, T_ *nv_io, V_ *acc) {  \
+        int64_t t = e - 1; /* the run's last token: its next value is the carried nv */               \
+        T_ tail = 0; /* the sum of the inputs of the tokens done one by one */                       \
+        T_ A = NAME##_step(r, v, adv, ret, t, *nv_io, gamma, c, *A_io, &tail);                        \
         const V_ zero = {0};                                                                          \
+        V_ sum = zero; /* of the inputs read: finite iff they are (or they overflow) */              \
+        for (; t - 2 * W >= s; t -= 2 * W) { /* two vectors: p .. p + W - 1 (lo), p + W .. (hi) */   \
+            int64_t p = t - 2 * W;                                                                    \
+            V_ xl, xh, vl, vh, vnl, vnh;                                                              \
+            memcpy(&xl, r + p, sizeof(V_));                                                           \
+            memcpy(&xh, r + p + W, sizeof(V_));                                                       \
+            sum = sum + (xl + xh);                                                                    \
+            if (v) {                                                                                  \
+                memcpy(&vl, v + p, sizeof(V_));                                                       \
+                memcpy(&vh, v + p + W, sizeof(V_));                                                   \
+                sum = sum + (vl + vh);                                                                \
+                memcpy(&vnl, v + p + 1, sizeof(V_));                                                  \
+                memcpy(&vnh, v + p + W + 1, sizeof(V_));                                              \
+                xl = (xl + gamma * vnl) - vl;                                                         \
+                xh = (xh + gamma * vnh) - vh;                                                         \
+            }                                                                                         \
+            SCAN(xl, zero, cp);                                                                       \
+            SCAN(xh, zero, cp);                                                                       \
+            xl = xl + P * xh[0]; /* lo's local solution now runs to the end of hi */                  \
+            xh = xh + P * A;                                                                          \
+            xl = xl + (P * PW) * A; /* c^(2W - i) A */                                                \
+            A = xl[0];                                                                                \
+            if (v) {                                                                                  \
+                memcpy(adv + p, &xl, sizeof(V_));                                                     \
+                memcpy(adv + p + W, &xh, sizeof(V_));                                                 \
+                xl = xl + vl;                                                                         \
+                xh = xh + vh;                                                                         \
+            }                                                                                         \
+            memcpy(ret + p, &xl, sizeof(V_));                                                         \
+            memcpy(ret + p + W, &xh, sizeof(V_));                                                     \
+        }                                                                                             \
         for (; t - W >= s; t -= W) { /* tokens p .. p + W - 1, all followed by a valid token */       \
             int64_t p = t - W;                                                                        \
             V_ x, vv, vn;                                                                             \
             memcpy(&x, r + p, sizeof(V_));                                                            \
+            sum = sum + x;                                                                            \
             if (v) {                                                                                  \
                 memcpy(&vv, v + p, sizeof(V_));                                                       \
+                sum = sum + vv;                                                                       \
                 memcpy(&vn, v + p + 1, sizeof(V_));                                                   \
                 x = (x + gamma * vn) - vv; /* TD errors */                                            \
             }                                                                                         \
@@ -116,22 +166,27 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
             }                                                                                         \
             memcpy(ret + p, &x, sizeof(V_));                                                          \
         }                                                                                             \
-        for (--t; t >= s; --t) { /* the run's first tokens, fewer than W */                           \
-            if (v) {                                                                                  \
-                A = (r[t] + gamma * v[t + 1] - v[t]) + c * A;                                         \
-                adv[t] = A;                                                                           \
-                ret[t] = A + v[t];                                                                    \
-            } else {                                                                                  \
-                A = r[t] + c * A;                                                                     \
-                ret[t] = A;                                                                           \
-            }                                                                                         \
-        }                                                                                             \
+        for (--t; t >= s; --t) /* the run's first tokens, fewer than W */                            \
+            A = NAME##_step(r, v, adv, ret, t, v ? v[t + 1] : (T_)0, gamma, c, A, &tail);             \
+        sum[0] += tail;                                                                               \
+        *acc = *acc + sum;                                                                            \
         *A_io = A;                                                                                    \
         if (v) *nv_io = v[s];                                                                         \
     }                                                                                                 \
-    /* Rows b0 .. b1 - 1. */                                                                          \
-    static void NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot, T_ *adv,     \
-                            T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1) {             \
+    /* *acc += x[s .. e - 1], a vector at a time (the inputs under a masked run). */                 \
+    static void NAME##_add(const T_ *x, int64_t s, int64_t e, V_ *acc) {                              \
+        V_ sum = {0}, y;                                                                              \
+        for (; s + W <= e; s += W) {                                                                  \
+            memcpy(&y, x + s, sizeof(V_));                                                            \
+            sum = sum + y;                                                                            \
+        }                                                                                             \
+        for (; s < e; ++s) sum[0] += x[s];                                                            \
+        *acc = *acc + sum;                                                                            \
+    }                                                                                                 \
+    /* Rows b0 .. b1 - 1. Returns 1 if the sum of all their inputs (r, v, masked or not) is finite. */ \
+    static int NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot, T_ *adv,      \
+                           T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1) {              \
+        V_ acc = {0};                                                                                 \
         T_ cp[4]; /* c, c^2, c^4, c^8 */                                                              \
         cp[0] = c;                                                                                    \
         for (int i = 1; i < 4; ++i) cp[i] = cp[i - 1] * cp[i - 1];                                    \
@@ -141,6 +196,7 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
             q *= c;                                                                                   \
             P[i] = q;                                                                                 \
         }                                                                                             \
+        T_ PW = q; /* c^W */                                                                          \
         for (int64_t b = b0; b < b1; ++b) {                                                           \
             const T_ *rb = r + b * T;                                                                 \
             const T_ *vb = v ? v + b * T : NULL;                                                      \
@@ -149,21 +205,26 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
             T_ boot_b = boot ? boot[b] : (T_)0;                                                       \
             T_ A = v ? (T_)0 : boot_b, nv = boot_b;                                                   \
             if (!m) {                                                                                 \
-                NAME##_run(rb, vb, ab, gb, 0, T, gamma, c, cp, P, &A, &nv);                           \
+                NAME##_run(rb, vb, ab, gb, 0, T, gamma, c, cp, P, PW, &A, &nv, &acc);                     \
                 continue;                                                                             \
             }                                                                                         \
             const uint8_t *mb = m + b * T;                                                            \
             for (int64_t e = T, s; e > 0; e = s) {                                                    \
                 if (mb[e - 1]) {                                                                      \
                     s = valid_run_start(mb, e);                                                       \
-                    NAME##_run(rb, vb, ab, gb, s, e, gamma, c, cp, P, &A, &nv);                       \
+                    NAME##_run(rb, vb, ab, gb, s, e, gamma, c, cp, P, PW, &A, &nv, &acc);                 \
                 } else {                                                                              \
                     s = masked_run_start(mb, e);                                                      \
                     if (v) memset(ab + s, 0, (size_t)(e - s) * sizeof(T_));                           \
                     memset(gb + s, 0, (size_t)(e - s) * sizeof(T_));                                  \
+                    NAME##_add(rb, s, e, &acc);                                                       \
+                    if (v) NAME##_add(vb, s, e, &acc);                                                \
                 }                                                                                     \
             }                                                                                         \
         }                                                                                             \
+        T_ total = 0;                                                                                 \
+        for (int i = 0; i < W; ++i) total += acc[i];                                                  \
+        return isfinite(total) ? 1 : 0;                                                               \
     }
 
 DEFINE_KERNEL(scan_f32, float, vf32, 16, SCAN16)
@@ -177,14 +238,16 @@ typedef struct {
     int64_t T, b0, b1;
     double gamma, c;
     int f64;
+    int finite; /* out */
 } job_t;
 
 static void *run_job(void *arg) {
-    const job_t *j = (const job_t *)arg;
+    job_t *j = (job_t *)arg;
     if (j->f64)
-        scan_f64_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, j->gamma, j->c, j->b0, j->b1);
+        j->finite = scan_f64_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, j->gamma, j->c, j->b0, j->b1);
     else
-        scan_f32_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, (float)j->gamma, (float)j->c, j->b0, j->b1);
+        j->finite = scan_f32_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, (float)j->gamma, (float)j->c,
+                                  j->b0, j->b1);
     return NULL;
 }
 
@@ -195,11 +258,13 @@ static void *run_job(void *arg) {
  * row-major float32 (f64 = 0) or float64 (f64 = 1); m: (B, T) bytes 0/1 or
  * NULL (all valid); boot: (B,) or NULL (0). gamma and c are rounded to the
  * dtype here. Rows are split over nthreads threads (the caller's thread is
- * one of them). Returns the number of threads used.
+ * one of them). Returns 1 if the sum of every input entry (r and v, masked
+ * or not) is finite, else 0: then an entry is NaN or infinite, or the sum
+ * overflowed, and the caller checks the inputs entry by entry.
  */
 int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *boot, void *adv, void *ret,
                   int64_t B, int64_t T, double gamma, double c, int f64, int nthreads) {
-    if (B <= 0 || T <= 0) return 0;
+    if (B <= 0 || T <= 0) return 1;
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
     if (nthreads > B) nthreads = (int)B;
     if (nthreads < 1) nthreads = 1;
@@ -208,7 +273,7 @@ int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *bo
     int64_t per = (B + nthreads - 1) / nthreads;
     int n = 0;
     for (int64_t b0 = 0; b0 < B; b0 += per) {
-        job_t j = {r, v, m, boot, adv, ret, T, b0, b0 + per < B ? b0 + per : B, gamma, c, f64};
+        job_t j = {r, v, m, boot, adv, ret, T, b0, b0 + per < B ? b0 + per : B, gamma, c, f64, 0};
         jobs[n++] = j;
     }
     int started = 0; /* threads 1 .. started run; the rest (if creation failed) run here */
@@ -216,5 +281,7 @@ int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *bo
     run_job(&jobs[0]);
     for (int i = 1; i <= started; ++i) pthread_join(threads[i], NULL);
     for (int i = started + 1; i < n; ++i) run_job(&jobs[i]);
-    return n;
+    int finite = 1;
+    for (int i = 0; i < n; ++i) finite &= jobs[i].finite;
+    return finite;
 }

@@ -37,7 +37,7 @@ __all__ = ["available", "status", "disabled", "scan", "threads_for"]
 
 SOURCE = Path(__file__).with_name("_gae_kernel.c")
 _FLAG_SETS: List[List[str]] = [["-O3", "-march=native"], ["-O3"]]  # the first that compiles wins
-_COMMON = ["-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wno-psabi"]
+_COMMON = ["-ffp-contract=fast", "-fPIC", "-shared", "-pthread", "-Wno-psabi"]
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -173,15 +173,19 @@ def scan(
     gamma: float,
     c: float,
     bootstrap: Optional[torch.Tensor],
-) -> Optional[Tuple[Optional[torch.Tensor], torch.Tensor]]:
-    r"""``(advantages, returns)`` by the C kernel, or None where it does not apply (then the caller scans in PyTorch).
+) -> Optional[Tuple[Optional[torch.Tensor], torch.Tensor, bool]]:
+    r"""``(advantages, returns, finite)`` by the C kernel, or None where it does not apply (then the caller scans in PyTorch).
 
     GAE (``(eq-gae-recursion)`` of chapter 5, with ``c = γλ``) when ``values``
     is given, else the discounted return (``c = γ``, ``advantages`` None),
     computed as in ``(eq-fast-vector-scan)`` and ``(eq-fast-vector-carry)``
     of chapter 9. Arguments as in :func:`valuelab._fastscan.fused_returns`
-    (already checked): ``(B, T)`` float32/float64 CPU tensors, a bool mask or
-    None, a ``(B,)`` bootstrap or None. None is returned for CUDA tensors,
+    (already checked, except for finiteness): ``(B, T)`` float32/float64 CPU
+    tensors, a bool mask or None, a ``(B,)`` bootstrap or None. ``finite``
+    is False when the sum of all entries of ``rewards`` and ``values``
+    (masked ones included), taken during the same pass, is not finite: an
+    entry is NaN or infinite (the caller must then check them one by one and
+    raise) or finite entries overflowed. None is returned for CUDA tensors,
     other dtypes, or when :func:`available` is False.
     """
     if rewards.device.type != "cpu" or rewards.dtype not in (torch.float32, torch.float64) or not available():
@@ -194,8 +198,9 @@ def scan(
     b = None if bootstrap is None else bootstrap.reshape(B).to(dtype).contiguous()
     ret = torch.empty((B, T), dtype=dtype)
     adv = None if v is None else torch.empty((B, T), dtype=dtype)
+    finite = True
     if B and T:
-        _lib.valuelab_scan(
+        finite = 1 == _lib.valuelab_scan(
             r.data_ptr(),
             None if v is None else v.data_ptr(),
             None if m is None else m.data_ptr(),
@@ -204,4 +209,4 @@ def scan(
             ret.data_ptr(),
             B, T, float(gamma), float(c), int(dtype == torch.float64), threads_for(B * T),
         )
-    return adv, ret
+    return adv, ret, finite

@@ -17,7 +17,6 @@ from ._checks import (
     check_nonnegative_scalar,
     check_sequence_tensor,
     check_unit_interval,
-    sum_is_finite,
     unit_scalar,
 )
 from ._fastscan import fast_backward_scan, fused_returns, time_invariant_decay
@@ -107,8 +106,9 @@ def _fused_gae(rewards, values, mask, gamma, lam, bootstrap) -> Optional[GAEResu
 
     Raises the errors of the general path, in its order (:func:`valuelab._scan.prepare`,
     then ``lam``), without building tensors for γ and λ, and looks for a NaN
-    or an inf with one sum of each input (a finite sum means finite entries);
-    only when a sum is not finite are the inputs checked entry by entry (an
+    or an inf with one sum of the inputs (a finite sum means finite entries),
+    taken by the C kernel during its pass or by one reduction of each input;
+    only when the sum is not finite are the inputs checked entry by entry (an
     overflow of finite inputs passes, as on the general path). A NaN at a
     masked position is an error too, as on the general path. Returns None -- the general path then runs and
     checks everything -- when γ or λ is a tensor, the dtype is not
@@ -128,10 +128,9 @@ def _fused_gae(rewards, values, mask, gamma, lam, bootstrap) -> Optional[GAEResu
         raise
     if l is None or (torch.is_grad_enabled() and (rewards.requires_grad or values.requires_grad)):
         return None
-    if not (sum_is_finite(rewards) and sum_is_finite(values)):  # one reduction each; the full check only then
-        _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap)
     r2, v2 = as_batch(rewards), as_batch(values)
-    adv, ret = fused_returns(r2, v2, None if m is None else as_batch(m), g, l, None if b is None else b.reshape(r2.shape[0]))
+    adv, ret = fused_returns(r2, v2, None if m is None else as_batch(m), g, l, None if b is None else b.reshape(r2.shape[0]),
+                             check_all=lambda: _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap))
     if rewards.dim() == 1:
         adv, ret = adv.squeeze(0), ret.squeeze(0)
     return GAEResult(adv, ret)

@@ -13,7 +13,7 @@ from typing import Optional, Union
 
 import torch
 
-from ._checks import check_bootstrap, check_mask, check_positive_int, check_sequence_tensor, sum_is_finite, unit_scalar
+from ._checks import check_bootstrap, check_mask, check_positive_int, check_sequence_tensor, unit_scalar
 from ._fastscan import fast_backward_scan, fast_nstep_returns, fused_returns, time_invariant_decay
 from ._scan import as_batch, prepare, shift_next
 
@@ -70,7 +70,8 @@ def _fused_discounted_returns(rewards, mask, gamma, bootstrap) -> Optional[torch
     """:func:`discounted_returns` through :func:`valuelab._fastscan.fused_returns` when γ is a number, else None.
 
     Same scheme as ``valuelab.advantages._fused_gae``: the general path's
-    errors in its order, finiteness checked with one sum of the rewards.
+    errors in its order, finiteness checked with one sum of the rewards
+    (taken by the C kernel during its pass, or by one reduction).
     """
     try:
         rewards = check_sequence_tensor(rewards, "rewards", finite=False)
@@ -84,10 +85,9 @@ def _fused_discounted_returns(rewards, mask, gamma, bootstrap) -> Optional[torch
         raise
     if torch.is_grad_enabled() and rewards.requires_grad:
         return None
-    if not sum_is_finite(rewards):
-        prepare(rewards, None, mask, gamma, bootstrap, need_values=False)
     r2 = as_batch(rewards)
-    _, ret = fused_returns(r2, None, None if m is None else as_batch(m), g, 1.0, None if b is None else b.reshape(r2.shape[0]))
+    _, ret = fused_returns(r2, None, None if m is None else as_batch(m), g, 1.0, None if b is None else b.reshape(r2.shape[0]),
+                           check_all=lambda: prepare(rewards, None, mask, gamma, bootstrap, need_values=False))
     return ret.squeeze(0) if rewards.dim() == 1 else ret
 
 
