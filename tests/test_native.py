@@ -263,3 +263,9 @@ def test_the_portable_build_gives_the_same_results(monkeypatch, fresh_build):
         tol = (4e-6 if dtype == torch.float32 else 1e-14) * _scale(r, v, boot)
         assert (np.abs(out.advantages.double().numpy() - ea) <= tol).all()
         assert (np.abs(out.returns.double().numpy() - er) <= tol).all()
+
+
+def test_lanes_fill_one_64_byte_vector():
+    # the widths the chapter's SymPy proof uses are the kernel's, read from its source
+    assert _native.lanes() == {torch.float32: 16, torch.float64: 8}
+    assert all(w * torch.tensor([], dtype=dt).element_size() == 64 for dt, w in _native.lanes().items())

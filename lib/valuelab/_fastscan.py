@@ -224,22 +224,24 @@ def _toeplitz_factors(c, n: int, dtype: torch.dtype, device: torch.device):
     """
     if isinstance(c, float):
         return _toeplitz_factors_cached(c, n, dtype, device)
+    return _build_toeplitz_factors(c, n, dtype, device)
+
+
+def _build_toeplitz_factors(c, n: int, dtype: torch.dtype, device: torch.device):
+    """:func:`_toeplitz_factors`, computed (``c`` a float or a float64 tensor)."""
     k = torch.arange(n, device=device, dtype=torch.float64)
     e = k.unsqueeze(-1) - k  # e[j, i] = j - i
     mt = torch.where(e >= 0, _powers(c, e.clamp(min=0)), torch.zeros((), dtype=torch.float64, device=device))
     q = _powers(c, n - k)
-    if c.dim() == 0:
+    if not isinstance(c, torch.Tensor) or c.dim() == 0:
         return _flush(mt, dtype), _flush(q, dtype)
     return _flush(mt, dtype), _flush(q, dtype).reshape(c.shape[0], 1, n)
 
 
 @functools.lru_cache(maxsize=256)
 def _toeplitz_factors_cached(c: float, n: int, dtype: torch.dtype, device: torch.device):
-    k = torch.arange(n, dtype=torch.float64)
-    e = k.unsqueeze(-1) - k
-    mt = torch.where(e >= 0, torch.pow(torch.tensor(c, dtype=torch.float64), e.clamp(min=0)), 0.0)
-    q = torch.pow(torch.tensor(c, dtype=torch.float64), n - k)
-    return _flush(mt, dtype).to(device), _flush(q, dtype).to(device)
+    """:func:`_toeplitz_factors` for a float ``c``, kept (the estimators ask for the same few again and again)."""
+    return _build_toeplitz_factors(c, n, dtype, device)
 
 
 def _pow_scalar(c, n: int):
@@ -598,11 +600,6 @@ def compaction_index(mask: torch.Tensor, scratch: bool = False):
 @functools.lru_cache(maxsize=64)
 def _int_scalar(v: int, device: torch.device) -> torch.Tensor:
     return torch.tensor(v, dtype=torch.int32).to(device)
-
-
-@functools.lru_cache(maxsize=64)
-def _arange32(T: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(T, dtype=torch.int32).to(device)
 
 
 def _padded_len(T: int) -> int:

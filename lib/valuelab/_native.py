@@ -24,16 +24,17 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-__all__ = ["available", "status", "disabled", "scan", "threads_for"]
+__all__ = ["available", "status", "disabled", "scan", "threads_for", "lanes"]
 
 SOURCE = Path(__file__).with_name("_gae_kernel.c")
 _FLAG_SETS: List[List[str]] = [["-O3", "-march=native"], ["-O3"]]  # the first that compiles wins
@@ -93,6 +94,8 @@ def _compile(compiler: str, flags: List[str], target: Path) -> bool:
 def _load() -> Optional[ctypes.CDLL]:
     """Compile (or find in the cache) and load the kernel once per process; None when it can't be."""
     global _lib, _tried, _status
+    if _tried:  # every call after the first: no lock on the hot path
+        return _lib
     with _lock:
         if _tried:
             return _lib
@@ -131,6 +134,13 @@ def _load() -> Optional[ctypes.CDLL]:
             return _lib
         _status = "the C kernel did not compile: PyTorch block scan"
         return None
+
+
+def lanes() -> Dict[torch.dtype, int]:
+    """Tokens per vector of the kernel, per dtype, read from ``DEFINE_KERNEL(...)`` in the source (W in chapter 9)."""
+    found = re.findall(r"^DEFINE_KERNEL\(scan_(f32|f64), \w+, \w+, (\d+),", SOURCE.read_text(), flags=re.M)
+    names = {"f32": torch.float32, "f64": torch.float64}
+    return {names[k]: int(w) for k, w in found}
 
 
 def available() -> bool:
@@ -193,7 +203,7 @@ def scan(
     B, T = rewards.shape
     dtype = rewards.dtype
     r = rewards.contiguous()
-    v = None if values is None else values.to(dtype).contiguous()
+    v = None if values is None else values.contiguous()
     m = None if mask is None else mask.contiguous()
     b = None if bootstrap is None else bootstrap.reshape(B).to(dtype).contiguous()
     ret = torch.empty((B, T), dtype=dtype)

@@ -17,11 +17,11 @@ right-padded rows and scatters the result back (derived in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
-from ._fastscan import float_mask, right_padded_rows, valid_first_order
+from ._fastscan import float_mask, fused_returns, right_padded_rows, valid_first_order
 
 
 @dataclass(frozen=True)
@@ -124,3 +124,48 @@ def prepare(rewards, values, mask, gamma, bootstrap, *, need_values: bool) -> Pr
     packed = pack(m2)
     v2 = packed.take(as_batch(values)) if need_values else None
     return Prepared(packed.take(r2), v2, packed.take(g2), b2, packed, squeeze)
+
+
+def fused(
+    rewards, values, mask, gamma, lam, bootstrap, general_checks: Callable[[], None]
+) -> Optional[Tuple[Optional[torch.Tensor], torch.Tensor]]:
+    """``(advantages, returns)`` through :func:`valuelab._fastscan.fused_returns` when γ and λ are numbers, else None.
+
+    The front end of :func:`valuelab.gae` (``values`` given) and
+    :func:`valuelab.discounted_returns` (``values=None``, ``lam=1``). It
+    raises the errors of the general path in its order -- on any argument
+    error it runs ``general_checks`` (every check of the general path, in
+    order), which raises the first one -- without building tensors for γ and
+    λ, and it leaves finiteness to ``fused_returns`` (one sum of the inputs,
+    taken by the C kernel during its pass or by one reduction; only when that
+    sum is not finite does ``general_checks`` look at the entries). Returns
+    None -- the general path then runs and checks everything -- when γ or λ
+    is a tensor, the dtype is not float32/float64, or autograd would have to
+    trace the inputs. ``advantages`` is None without ``values``.
+    """
+    from ._checks import check_bootstrap, check_like, check_mask, check_sequence_tensor, unit_scalar
+
+    try:
+        rewards = check_sequence_tensor(rewards, "rewards", finite=False)
+        if values is not None:
+            values = check_like(values, "values", rewards, "rewards", finite=False)
+        m = None if mask is None else check_mask(mask, rewards)
+        g = unit_scalar(gamma, "gamma", rewards.dtype)
+        if g is None or rewards.dtype not in (torch.float32, torch.float64):
+            return None
+        b = None if bootstrap is None else check_bootstrap(bootstrap, rewards)
+        l = unit_scalar(lam, "lam", rewards.dtype)
+    except (TypeError, ValueError):
+        general_checks()  # the first error in the general path's order
+        raise
+    traced = rewards.requires_grad or (values is not None and values.requires_grad)
+    if l is None or (torch.is_grad_enabled() and traced):
+        return None
+    r2 = as_batch(rewards)
+    adv, ret = fused_returns(
+        r2, None if values is None else as_batch(values), None if m is None else as_batch(m), g, l,
+        None if b is None else b.reshape(r2.shape[0]), check_all=general_checks,
+    )
+    if rewards.dim() == 1:
+        adv, ret = None if adv is None else adv.squeeze(0), ret.squeeze(0)
+    return adv, ret

@@ -10,17 +10,9 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ._checks import (
-    check_bootstrap,
-    check_like,
-    check_mask,
-    check_nonnegative_scalar,
-    check_sequence_tensor,
-    check_unit_interval,
-    unit_scalar,
-)
-from ._fastscan import fast_backward_scan, fused_returns, time_invariant_decay
-from ._scan import as_batch, prepare, shift_next
+from ._checks import check_nonnegative_scalar, check_unit_interval
+from ._fastscan import fast_backward_scan, time_invariant_decay
+from ._scan import as_batch, fused, prepare, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -84,12 +76,14 @@ def gae(
     in blocks by matrix products (``valuelab._fastscan.fused_returns``,
     ``(eq-fast-lambda-return)`` and ``(eq-fast-block)``); for tensor
     ``gamma`` or ``lam`` the TD errors are
-    (``valuelab._fastscan.fast_backward_scan``). The results equal the
+    (``valuelab._fastscan.fast_backward_scan``); ``valuelab._scan.fused``
+    chooses. The results equal the
     recursion's to float rounding.
     """
-    fast = _fused_gae(rewards, values, mask, gamma, lam, bootstrap)
+    fast = fused(rewards, values, mask, gamma, lam, bootstrap,
+                 lambda: _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap))
     if fast is not None:
-        return fast
+        return GAEResult(*fast)
     p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
     lam_t = p.packed.take(as_batch(check_unit_interval(lam, "lam", rewards)))
     valid = p.packed.valid
@@ -99,41 +93,6 @@ def gae(
     c = time_invariant_decay(delta, gamma, lam)
     adv = fast_backward_scan(delta, torch.where(valid, p.gamma * lam_t, zero) if c is None else c)
     return GAEResult(p.out(adv), p.out(adv + p.values))
-
-
-def _fused_gae(rewards, values, mask, gamma, lam, bootstrap) -> Optional[GAEResult]:
-    """:func:`gae` through :func:`valuelab._fastscan.fused_returns` when γ and λ are numbers, else None.
-
-    Raises the errors of the general path, in its order (:func:`valuelab._scan.prepare`,
-    then ``lam``), without building tensors for γ and λ, and looks for a NaN
-    or an inf with one sum of the inputs (a finite sum means finite entries),
-    taken by the C kernel during its pass or by one reduction of each input;
-    only when the sum is not finite are the inputs checked entry by entry (an
-    overflow of finite inputs passes, as on the general path). A NaN at a
-    masked position is an error too, as on the general path. Returns None -- the general path then runs and
-    checks everything -- when γ or λ is a tensor, the dtype is not
-    float32/float64, or autograd would have to trace the inputs.
-    """
-    try:
-        rewards = check_sequence_tensor(rewards, "rewards", finite=False)
-        values = check_like(values, "values", rewards, "rewards", finite=False)
-        m = None if mask is None else check_mask(mask, rewards)
-        g = unit_scalar(gamma, "gamma", rewards.dtype)
-        if g is None or rewards.dtype not in (torch.float32, torch.float64):
-            return None
-        b = None if bootstrap is None else check_bootstrap(bootstrap, rewards)
-        l = unit_scalar(lam, "lam", rewards.dtype)
-    except (TypeError, ValueError):
-        _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap)  # the first error in the general order
-        raise
-    if l is None or (torch.is_grad_enabled() and (rewards.requires_grad or values.requires_grad)):
-        return None
-    r2, v2 = as_batch(rewards), as_batch(values)
-    adv, ret = fused_returns(r2, v2, None if m is None else as_batch(m), g, l, None if b is None else b.reshape(r2.shape[0]),
-                             check_all=lambda: _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap))
-    if rewards.dim() == 1:
-        adv, ret = adv.squeeze(0), ret.squeeze(0)
-    return GAEResult(adv, ret)
 
 
 def _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap) -> None:

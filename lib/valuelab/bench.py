@@ -24,7 +24,8 @@ conservative choice for ``fast/floor``); median and minimum are kept:
     does not depend on it: it is timed once per (B, T, dtype)).
 ``fast``
     :func:`valuelab.gae` end to end, the public function: argument checks,
-    the right-padding test, hole compaction, the scan, the outputs.
+    the scan, the outputs (on a CPU with a C compiler, one pass of the C
+    kernel; elsewhere the same as ``torch``).
 ``torch``
     :func:`valuelab.gae` end to end with the C kernel switched off
     (:func:`valuelab._native.disabled`): the PyTorch block scan, the path a
@@ -169,9 +170,10 @@ def keep_freed_memory() -> bool:
     freed memory back to the OS when enough of it piles up at the top
     (``M_TRIM_THRESHOLD``, adjusted on the fly); touching it again costs a page
     fault per 4 KiB (about 2 microseconds on the benchmark's VM, i.e. 0.5 ms
-    per MB, ten times the arithmetic). ``valuelab.gae`` keeps its
-    intermediate results in reused scratch buffers (``valuelab._fastscan._scratch``),
-    so only its two fresh outputs can fault, and whether they do depends on
+    per MB, ten times the arithmetic). ``valuelab.gae`` has no intermediate
+    tensors on the C kernel's path and keeps them in reused scratch buffers
+    on the PyTorch path (``valuelab._fastscan._scratch``), so only its two
+    fresh outputs can fault, and whether they do depends on
     glibc's heuristics and on what else the process allocates (the ``faults``
     column shows it). Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``
     removes that cost, as jemalloc or tcmalloc would. Returns False where

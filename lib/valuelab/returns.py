@@ -13,9 +13,9 @@ from typing import Optional, Union
 
 import torch
 
-from ._checks import check_bootstrap, check_mask, check_positive_int, check_sequence_tensor, unit_scalar
-from ._fastscan import fast_backward_scan, fast_nstep_returns, fused_returns, time_invariant_decay
-from ._scan import as_batch, prepare, shift_next
+from ._checks import check_positive_int
+from ._fastscan import fast_backward_scan, fast_nstep_returns, time_invariant_decay
+from ._scan import fused, prepare, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -53,9 +53,10 @@ def discounted_returns(
     Returns:
         Tensor of ``rewards``' shape, dtype and device.
     """
-    ret = _fused_discounted_returns(rewards, mask, gamma, bootstrap)
-    if ret is not None:
-        return ret
+    fast = fused(rewards, None, mask, gamma, 1.0, bootstrap,
+                 lambda: prepare(rewards, None, mask, gamma, bootstrap, need_values=False))
+    if fast is not None:
+        return fast[1]
     p = prepare(rewards, None, mask, gamma, bootstrap, need_values=False)
     valid = p.packed.valid
     zero = _zero(p.rewards)
@@ -64,31 +65,6 @@ def discounted_returns(
     d = torch.where(valid, p.gamma, zero)
     c = time_invariant_decay(x, gamma)
     return p.out(fast_backward_scan(x, d if c is None else c))
-
-
-def _fused_discounted_returns(rewards, mask, gamma, bootstrap) -> Optional[torch.Tensor]:
-    """:func:`discounted_returns` through :func:`valuelab._fastscan.fused_returns` when γ is a number, else None.
-
-    Same scheme as ``valuelab.advantages._fused_gae``: the general path's
-    errors in its order, finiteness checked with one sum of the rewards
-    (taken by the C kernel during its pass, or by one reduction).
-    """
-    try:
-        rewards = check_sequence_tensor(rewards, "rewards", finite=False)
-        m = None if mask is None else check_mask(mask, rewards)
-        g = unit_scalar(gamma, "gamma", rewards.dtype)
-        if g is None or rewards.dtype not in (torch.float32, torch.float64):
-            return None
-        b = None if bootstrap is None else check_bootstrap(bootstrap, rewards)
-    except (TypeError, ValueError):
-        prepare(rewards, None, mask, gamma, bootstrap, need_values=False)  # the first error in the general order
-        raise
-    if torch.is_grad_enabled() and rewards.requires_grad:
-        return None
-    r2 = as_batch(rewards)
-    _, ret = fused_returns(r2, None, None if m is None else as_batch(m), g, 1.0, None if b is None else b.reshape(r2.shape[0]),
-                           check_all=lambda: prepare(rewards, None, mask, gamma, bootstrap, need_values=False))
-    return ret.squeeze(0) if rewards.dim() == 1 else ret
 
 
 def td_targets(
