@@ -10,7 +10,8 @@ STAMP      := $(VENV)/.installed
 .PHONY: test unit nbval book execute mathjax clean
 MATHJAX    := .cache/node_modules/mathjax/es5/tex-chtml.js
 
-$(STAMP): requirements.txt pyproject.toml
+# The editable install also builds the C kernel (setup.py) into lib/valuelab: redone when its source changes.
+$(STAMP): requirements.txt pyproject.toml setup.py lib/valuelab/_gae_kernel.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_SPEC)

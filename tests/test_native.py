@@ -1,17 +1,33 @@
-"""The C kernel (valuelab/_gae_kernel.c through valuelab._native) against the references and the PyTorch path.
+"""The C kernel (valuelab/_gae_kernel.c through valuelab._native): results, the install-time build, the loader.
 
 The kernel cuts each row into runs of valid and masked tokens and scans a
 valid run in vectors of W = 16 (float32) or 8 (float64) tokens, so the cases
 that matter are run lengths around multiples of W, runs of length 1, rows
-that are all masked, and holes next to the row's ends.
+that are all masked, and holes next to the row's ends. Every build variant
+(GCC and Clang; with the x86-64 clones, AVX2 and baseline only, a single
+target) must give the same results. The build happens at install time
+(setup.py) and the loader takes only the library inside the package, owned
+by this user or root and writable by no one else, with the entry point and
+built from the source next to it; anything else falls back to the PyTorch
+path with one warning. The boundary checks of ``_native.scan`` are in
+tests/test_adversarial_native.py.
 """
 
 from __future__ import annotations
 
+import ast
+import ctypes
+import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import List
 
 import numpy as np
 import pytest
@@ -24,8 +40,13 @@ from valuelab import _native
 from valuelab import reference as ref
 
 DTYPES = [torch.float32, torch.float64]
-HAVE_COMPILER = any(shutil.which(c) for c in (os.environ.get("CC", "cc"), "gcc", "clang"))
+ROOT = Path(__file__).resolve().parents[1]
+INSTALLED = _native.LIBRARY  # where setup.py put the kernel (the loader fixture below points _native elsewhere)
+COMPILERS = [c for c in ("gcc", "clang") if shutil.which(c)]
+HAVE_COMPILER = bool(COMPILERS) or shutil.which("cc") is not None
+X86_64 = platform.machine() in ("x86_64", "AMD64")
 needs_kernel = pytest.mark.skipif(not _native.available(), reason=f"C kernel not available: {_native.status()}")
+needs_compiler = pytest.mark.skipif(not COMPILERS, reason="no gcc or clang")
 
 
 def _oracle(r, v, mask, gamma, lam, boot):
@@ -58,12 +79,6 @@ def _run_lengths_mask(B, T, gen, max_run):
             t, on = t + n, not on
     return m
 
-
-def test_kernel_is_built_where_a_compiler_exists():
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler on this machine: the PyTorch path is the CPU path")
-    assert _native.available(), _native.status()
-    assert _native.status().startswith("C kernel")
 
 
 @needs_kernel
@@ -154,25 +169,9 @@ def test_monte_carlo_return_through_the_kernel():
     assert bool((got[~mask] == 0).all())
 
 
-def _fresh_state(monkeypatch, tmp_path):
-    """Forget the loaded kernel (restored after the test) and build into tmp_path."""
-    monkeypatch.setattr(_native, "_lib", None)
-    monkeypatch.setattr(_native, "_tried", False)
-    monkeypatch.setattr(_native, "_status", "not loaded yet")
-    monkeypatch.setattr(_native, "_enabled", True)
-    monkeypatch.setenv("VALUELAB_CACHE_DIR", str(tmp_path))
-
-
-@pytest.fixture
-def fresh_build(monkeypatch, tmp_path):
-    """A process that has not loaded the kernel yet and builds it into tmp_path (needs a compiler)."""
-    if not HAVE_COMPILER:
-        pytest.skip("no C compiler")
-    _fresh_state(monkeypatch, tmp_path)
-    return tmp_path
-
 
 def _gae_still_right():
+    """GAE on a small batch with holes matches the oracle (whichever CPU path runs)."""
     gen = torch.Generator().manual_seed(5)
     r = torch.randn(2, 40, generator=gen, dtype=torch.float64)
     v = torch.randn(2, 40, generator=gen, dtype=torch.float64)
@@ -182,35 +181,395 @@ def _gae_still_right():
     assert np.allclose(out.advantages.numpy(), ea, rtol=1e-12, atol=1e-12)
 
 
-def test_without_a_compiler_the_pytorch_path_runs(monkeypatch, tmp_path):
-    _fresh_state(monkeypatch, tmp_path)
-    monkeypatch.setattr(_native.shutil, "which", lambda name: None)
-    assert not _native.available()
-    assert _native.status() == "no C compiler found: PyTorch block scan"
-    _gae_still_right()
+def _kernel_runs() -> bool:
+    """Whether ``_native.scan`` runs C now (not None) on a small float64 batch."""
+    r = torch.randn(2, 20, dtype=torch.float64)
+    return _native.scan(r, r, None, 1.0, 0.9, None) is not None
 
 
-def test_a_source_that_does_not_compile_falls_back(monkeypatch, fresh_build):
-    tmp_path = fresh_build
-    broken = tmp_path / "broken.c"
-    broken.write_text("this is not C\n")
-    monkeypatch.setattr(_native, "SOURCE", broken)
-    assert not _native.available()
-    assert "did not compile" in _native.status()
-    assert not list(tmp_path.glob("*.so"))  # no half-written library left behind
-    _gae_still_right()
+def _results_match_the_oracle():
+    """Both dtypes, holes, bootstrap: through ``valuelab.gae`` (on whatever ``_native._fn`` is) against the oracle."""
+    gen = torch.Generator().manual_seed(8)
+    for dtype in DTYPES:
+        r = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
+        v = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
+        mask = _run_lengths_mask(5, 333, gen, 30)
+        boot = torch.randn(5, generator=gen, dtype=torch.float64).to(dtype)
+        out = valuelab.gae(r, v, mask=mask, gamma=0.99, lam=0.95, bootstrap=boot)
+        ea, er = _oracle(r, v, mask, 0.99, 0.95, boot)
+        tol = (4e-6 if dtype == torch.float32 else 1e-14) * _scale(r, v, boot)
+        assert (np.abs(out.advantages.double().numpy() - ea) <= tol).all()
+        assert (np.abs(out.returns.double().numpy() - er) <= tol).all()
 
 
-def test_the_build_is_cached_under_a_hash(monkeypatch, fresh_build):
-    tmp_path = fresh_build
+# ---------------------------------------------------------------------------
+# the build: at install time (setup.py), portable, every variant alike
+# ---------------------------------------------------------------------------
+
+
+def _setup_flags() -> List[str]:
+    """``FLAGS`` of setup.py (the install build's compiler flags), read without running setup()."""
+    for node in ast.parse((ROOT / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "FLAGS":
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no FLAGS")
+
+
+def _bind(monkeypatch, path: Path) -> str:
+    """Make ``_native.scan`` call the kernel built at ``path`` (a test build, past the loader); its valuelab_target()."""
+    lib = ctypes.CDLL(str(path))
+    fn = lib.valuelab_scan
+    fn.restype, fn.argtypes = ctypes.c_int, _native._ARGTYPES
+    monkeypatch.setattr(_native, "_fn", fn)
+    monkeypatch.setattr(_native, "_tried", True)
+    monkeypatch.setattr(_native, "_enabled", True)
+    target = lib.valuelab_target
+    target.restype = ctypes.c_char_p
+    return target().decode()
+
+
+VARIANTS = {  # name: (extra flags, what valuelab_target() says)
+    "clones": ([], "clone"),
+    "avx2-and-baseline": (['-DVALUELAB_TARGETS="avx2","default"'], 'one of target_clones("avx2","default")'),
+    "single-target": (["-DVALUELAB_NO_CLONES"], "single target"),
+}
+
+
+@pytest.fixture(scope="session")
+def variant_builds(tmp_path_factory):
+    """Build the kernel once per (compiler, variant) with setup.py's flags, on demand."""
+    folder = tmp_path_factory.mktemp("variants")
+    built = {}
+
+    def build(compiler: str, variant: str) -> Path:
+        if (compiler, variant) not in built:
+            out = folder / f"{compiler}-{variant}.so"
+            cmd = [compiler, *_setup_flags(), "-fPIC", "-shared", *VARIANTS[variant][0], "-o", str(out),
+                   str(_native.SOURCE)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr
+            assert "warning" not in proc.stderr, proc.stderr  # a clean build, with either compiler
+            built[compiler, variant] = out
+        return built[compiler, variant]
+
+    return build
+
+
+@needs_compiler
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_every_build_variant_gives_the_same_results(compiler, variant, variant_builds, monkeypatch):
+    if variant != "single-target" and not X86_64:
+        pytest.skip("target clones are built on x86-64 only")
+    target = _bind(monkeypatch, variant_builds(compiler, variant))
+    assert VARIANTS[variant][1] in target  # the variant asked for is the one built
+    _results_match_the_oracle()
+
+
+def test_the_install_build_is_portable():
+    flags = _setup_flags()
+    assert "-O3" in flags and "-ffp-contract=fast" in flags
+    assert not any(f.startswith(("-march", "-mtune", "-mcpu")) for f in flags)  # the built file may run elsewhere
+
+
+@needs_kernel
+def test_the_installed_kernel_runs_the_best_clone_this_cpu_has():
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    want = "avx512f clone" if "avx512f" in flags else "avx2 clone" if "avx2" in flags else "default clone"
+    if not X86_64:
+        want = "single target"
+    assert _native.status() == f"C kernel ({want})"
+
+
+def _setup_build_ext(tmp_path: Path, cc: str):
+    """``python setup.py build_ext`` into tmp_path with ``CC=cc`` and umask 002; (process, built libraries)."""
+    env = dict(os.environ, CC=cc)
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib"),
+         "--build-temp", str(tmp_path / "temp")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, preexec_fn=lambda: os.umask(0o002),
+    )
+    return proc, sorted((tmp_path / "lib").rglob("_gae_kernel*"))
+
+
+@pytest.mark.parametrize("cc", ["false", "true"])  # a compiler that fails; one that succeeds and writes nothing
+def test_an_install_without_a_working_compiler_succeeds_without_the_kernel(tmp_path, cc):
+    if shutil.which(cc) is None:
+        pytest.skip(f"no {cc} command")
+    proc, built = _setup_build_ext(tmp_path, shutil.which(cc))
+    assert proc.returncode == 0, proc.stderr
+    assert built == []
+    assert "C kernel was not built" in proc.stdout + proc.stderr
+
+
+@needs_compiler
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_the_install_build_loads_and_is_writable_by_its_owner_only(tmp_path, compiler, monkeypatch):
+    proc, built = _setup_build_ext(tmp_path, compiler)
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in built] == [INSTALLED.name]
+    assert built[0].stat().st_mode & 0o022 == 0  # built under umask 002: setup.py took the group's w bit away
+    lib = ctypes.CDLL(str(built[0]))
+    lib.valuelab_source_sha256.restype = ctypes.c_char_p
+    assert lib.valuelab_source_sha256().decode() == hashlib.sha256(_native.SOURCE.read_bytes()).hexdigest()
+    _bind(monkeypatch, built[0])
+    _results_match_the_oracle()
+
+
+@pytest.mark.skipif(not HAVE_COMPILER, reason="no C compiler on this machine: the PyTorch path is the CPU path")
+def test_kernel_is_built_where_a_compiler_exists():
+    assert _native.available(), _native.status()  # if this fails after editing the C file: pip install -e .
+    assert _native.status().startswith("C kernel")
+    assert _native.library_path() == INSTALLED
+    assert INSTALLED.parent == Path(valuelab.__file__).resolve().parent  # inside the package, nowhere else
+
+
+# ---------------------------------------------------------------------------
+# the loader: only the package's own library, only when it can be trusted
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def loader(monkeypatch, tmp_path):
+    """A process that has not loaded the kernel yet and looks for it at the returned path (in a 0755 folder).
+
+    Every piece of the loader's state is restored after the test.
+    """
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    os.chmod(pkg, 0o755)
+    for name, value in (("_fn", None), ("_path", None), ("_tried", False), ("_status", "not loaded yet"),
+                        ("_warned", False), ("_enabled", True)):
+        monkeypatch.setattr(_native, name, value)
+    target = pkg / INSTALLED.name
+    monkeypatch.setattr(_native, "LIBRARY", target)
+    return target
+
+
+def _plant(target: Path, mode: int = 0o755) -> Path:
+    """A copy of the installed kernel at ``target``."""
+    if not INSTALLED.exists():
+        pytest.skip("the kernel is not built here")
+    shutil.copyfile(INSTALLED, target)
+    os.chmod(target, mode)
+    return target
+
+
+def _refused(*words: str) -> None:
+    """The loader refused: nothing loaded, the status names the reason, the PyTorch path gives the right answer."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not _native.available()
+        assert not _kernel_runs()
+        _gae_still_right()
+    assert _native.library_path() is None
+    status = _native.status()
+    assert status.endswith("PyTorch block scan")
+    for w in words:
+        assert w in status, status
+
+
+def test_a_planted_copy_of_the_kernel_loads(loader):
+    # the control for every refusal below: the same file, trusted, loads
+    _plant(loader)
     assert _native.available(), _native.status()
-    built = list(tmp_path.glob("gae_kernel-*.so"))
-    assert len(built) == 1
-    stamp = built[0].stat().st_mtime_ns
-    monkeypatch.setattr(_native, "_lib", None)
-    monkeypatch.setattr(_native, "_tried", False)
-    assert _native.available() and built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    assert _native.library_path() == loader and _kernel_runs()
     _gae_still_right()
+
+
+@pytest.mark.parametrize("mode", [0o775, 0o757, 0o777])
+def test_a_group_or_world_writable_library_is_refused(loader, mode):
+    _plant(loader, mode)
+    _refused("refused", "writable", str(loader), "chmod go-w")
+
+
+@pytest.mark.parametrize("mode", [0o775, 0o777, 0o1777])  # 1777: like /tmp
+def test_a_library_in_a_group_or_world_writable_folder_is_refused(loader, mode):
+    _plant(loader)
+    os.chmod(loader.parent, mode)
+    _refused("refused", "writable", str(loader.parent))
+
+
+def test_a_link_to_a_library_in_a_world_writable_folder_is_refused(loader, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    real = _plant(shared / "kernel.so")
+    os.chmod(shared, 0o1777)
+    loader.symlink_to(real)
+    _refused("refused", str(shared))
+
+
+def test_a_link_to_a_library_in_a_private_folder_loads(loader, tmp_path):
+    private = tmp_path / "private"
+    private.mkdir()
+    os.chmod(private, 0o755)
+    loader.symlink_to(_plant(private / "kernel.so"))
+    assert _native.available(), _native.status()
+
+
+def _stat_as(monkeypatch, owners):
+    """Make the loader's stat report ``owners[path]`` as the owner of each path in ``owners``."""
+    real_stat = os.stat
+
+    def fake(path, *args, **kwargs):
+        st = real_stat(path, *args, **kwargs)
+        uid = owners.get(Path(path))
+        if uid is None:
+            return st
+        fields = list(st[:10])
+        fields[4] = uid  # st_uid
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(_native, "_stat", fake)
+
+
+@pytest.mark.parametrize("which", ["library", "folder"])
+def test_a_library_owned_by_another_user_is_refused(loader, monkeypatch, which):
+    _plant(loader)
+    me = os.getuid()
+    stranger = 4321 if me != 4321 else 4322
+    _stat_as(monkeypatch, {loader if which == "library" else loader.parent: stranger})
+    _refused("refused", f"owned by uid {stranger}", f"uid {me}")
+
+
+@pytest.mark.parametrize("owner", ["root", "this user"])
+def test_a_library_owned_by_root_or_this_user_loads(loader, monkeypatch, owner):
+    _plant(loader)
+    monkeypatch.setattr(_native.os, "getuid", lambda: 4321)
+    uid = 0 if owner == "root" else 4321
+    _stat_as(monkeypatch, {loader: uid, loader.parent: uid})
+    assert _native.available(), _native.status()
+
+
+@needs_compiler
+def test_a_library_without_the_entry_point_is_refused_and_stays_refused(loader, tmp_path):
+    src = tmp_path / "other.c"
+    src.write_text("int something_else(void) { return 1; }\n")
+    subprocess.run([COMPILERS[0], "-shared", "-fPIC", "-o", str(loader), str(src)], check=True, timeout=120)
+    os.chmod(loader, 0o755)
+    _refused("lacks an entry point", "valuelab_scan")
+    for _ in range(3):  # no AttributeError, no second try: the same answer every call
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert not _kernel_runs()
+    assert _native._tried and _native._fn is None
+
+
+@pytest.mark.parametrize("content", [b"", b"\x7fELF but not really a library"])  # CC=/bin/true left empty files
+def test_a_file_that_is_not_a_library_is_refused(loader, content):
+    loader.write_bytes(content)
+    os.chmod(loader, 0o755)
+    _refused("does not load")
+
+
+def test_a_library_built_from_another_source_is_refused(loader, monkeypatch, tmp_path):
+    _plant(loader)
+    edited = tmp_path / "_gae_kernel.c"
+    edited.write_bytes(_native.SOURCE.read_bytes() + b"/* edited after the build */\n")
+    monkeypatch.setattr(_native, "SOURCE", edited)
+    _refused("built from another version", "pip install")
+
+
+def test_nothing_is_compiled_or_read_from_a_cache_at_run_time(loader, monkeypatch, tmp_path):
+    # the old loader compiled into $VALUELAB_CACHE_DIR, ~/.cache/valuelab or /tmp/valuelab-<uid> and loaded from there
+    cache, tmp = tmp_path / "cache", tmp_path / "tmp"
+    for folder in (cache / "valuelab", cache, tmp / f"valuelab-{os.getuid()}"):
+        folder.mkdir(parents=True, exist_ok=True)
+        if INSTALLED.exists():
+            shutil.copyfile(INSTALLED, folder / "gae_kernel-0123456789abcdef.so")
+    monkeypatch.setenv("VALUELAB_CACHE_DIR", str(cache))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError(f"a process was started at run time: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_compiler)
+    monkeypatch.setattr(subprocess, "Popen", no_compiler)
+    _refused("not built")
+    assert not loader.exists()
+
+
+def test_loading_from_many_threads_at_once_gives_one_answer(loader):
+    _plant(loader)
+    answers, start = [], threading.Barrier(8)
+
+    def worker():
+        start.wait()
+        answers.append(_kernel_runs())
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == [True] * 8
+
+
+# ---------------------------------------------------------------------------
+# the warning: once per process, only for a missing or refused kernel
+# ---------------------------------------------------------------------------
+
+
+def _batch():
+    gen = torch.Generator().manual_seed(11)
+    return torch.randn(3, 50, generator=gen), torch.randn(3, 50, generator=gen)
+
+
+def _our_warnings(record):
+    return [w for w in record if "valuelab" in str(w.message) and "PyTorch block scan" in str(w.message)]
+
+
+def test_a_missing_kernel_warns_once_at_the_callers_line(loader):
+    r, v = _batch()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        valuelab.gae(r, v, gamma=1.0, lam=0.95)
+        valuelab.gae(r, v, gamma=0.9, lam=0.5)
+        valuelab.discounted_returns(r, gamma=0.9)
+    ours = _our_warnings(record)
+    assert len(ours) == 1, [str(w.message) for w in record]
+    assert ours[0].category is UserWarning
+    assert "not built" in str(ours[0].message)
+    assert ours[0].filename == __file__  # it points at the user's call, not into valuelab
+
+
+def test_a_refused_kernel_warns_once(loader):
+    _plant(loader, 0o777)
+    r, v = _batch()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            valuelab.gae(r, v, gamma=1.0, lam=0.95)
+    ours = _our_warnings(record)
+    assert len(ours) == 1 and "refused" in str(ours[0].message)
+
+
+def test_no_warning_when_switched_off_or_off_the_cpu(loader):
+    r, v = _batch()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with _native.disabled():
+            valuelab.gae(r, v, gamma=1.0, lam=0.95)
+        meta = torch.empty(3, 50, device="meta")  # any non-CPU tensor: what a GPU batch does
+        assert _native.scan(meta, meta, None, 1.0, 0.95, None) is None
+        if torch.cuda.is_available():
+            valuelab.gae(r.cuda(), v.cuda(), gamma=1.0, lam=0.95)
+    assert _our_warnings(record) == [] and not _native._warned
+
+
+def test_no_warning_when_the_kernel_loads(loader):
+    _plant(loader)
+    r, v = _batch()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        valuelab.gae(r, v, gamma=1.0, lam=0.95)
+    assert _our_warnings(record) == []
+
+
+# ---------------------------------------------------------------------------
+# switches and the command line
+# ---------------------------------------------------------------------------
 
 
 def test_environment_switch_turns_the_kernel_off():
@@ -235,37 +594,40 @@ def test_cuda_tensors_never_reach_the_kernel():
     assert _native.scan(r, r, None, 1.0, 0.95, None) is None
 
 
-def test_an_unwritable_cache_falls_back_to_a_private_temporary_folder(monkeypatch, fresh_build):
-    tmp_path = fresh_build
-    blocked = tmp_path / "file-not-folder"
-    blocked.write_text("")
-    monkeypatch.setenv("VALUELAB_CACHE_DIR", str(blocked / "cache"))  # cannot be created
-    monkeypatch.setattr(_native.tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    assert _native.available(), _native.status()
-    assert list((tmp_path / "tmp").glob("valuelab-*/gae_kernel-*.so"))
-    _gae_still_right()
-
-
-def test_the_portable_build_gives_the_same_results(monkeypatch, fresh_build):
-    # the second flag set (no -march=native: 64-byte vectors split into SSE2 pieces), used where the first fails
-    monkeypatch.setattr(_native, "_FLAG_SETS", [["-O3"]])
-    assert _native.available(), _native.status()
-    assert _native.status().endswith("-O3)")
-    gen = torch.Generator().manual_seed(8)
-    for dtype in DTYPES:
-        r = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
-        v = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
-        mask = _run_lengths_mask(5, 333, gen, 30)
-        boot = torch.randn(5, generator=gen, dtype=torch.float64).to(dtype)
-        out = valuelab.gae(r, v, mask=mask, gamma=0.99, lam=0.95, bootstrap=boot)
-        ea, er = _oracle(r, v, mask, 0.99, 0.95, boot)
-        tol = (4e-6 if dtype == torch.float32 else 1e-14) * _scale(r, v, boot)
-        assert (np.abs(out.advantages.double().numpy() - ea) <= tol).all()
-        assert (np.abs(out.returns.double().numpy() - er) <= tol).all()
-
 
 def test_lanes_fill_one_64_byte_vector():
     # the widths the chapter's SymPy proof uses are the kernel's, read from its source
     assert _native.lanes() == {torch.float32: 16, torch.float64: 8}
     assert all(w * torch.tensor([], dtype=dt).element_size() == 64 for dt, w in _native.lanes().items())
+
+
+def _info(env=None, code=None):
+    """``python -m valuelab info`` (or ``code`` run the same way) in a fresh process: (return code, name -> value)."""
+    cmd = [sys.executable, "-m", "valuelab", "info"] if code is None else [sys.executable, "-c", code]
+    proc = subprocess.run(cmd, env=dict(os.environ, **(env or {})), capture_output=True, text=True, timeout=300)
+    return proc.returncode, dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+
+
+def test_info_prints_the_versions_the_path_and_the_widths():
+    rc, lines = _info()
+    assert rc == 0
+    assert lines["valuelab"] == valuelab.__version__
+    assert lines["torch"] == torch.__version__
+    assert lines["CPU path"] == _native.status()
+    assert lines["library"] == (str(INSTALLED) if _native.available() else "none loaded")
+    assert lines["vector width float32"] == "16 lanes (64 bytes)"
+    assert lines["vector width float64"] == "8 lanes (64 bytes)"
+
+
+def test_info_when_switched_off():
+    rc, lines = _info(env={"VALUELAB_NATIVE": "0"})
+    assert rc == 0 and lines["CPU path"] == "C kernel switched off: PyTorch block scan"
+
+
+def test_info_when_the_kernel_is_missing(tmp_path):
+    code = ("import sys; from pathlib import Path; from valuelab import _native; "
+            f"_native.LIBRARY = Path({str(tmp_path / 'none.so')!r}); "
+            "from valuelab.__main__ import main; sys.exit(main(['info']))")
+    rc, lines = _info(code=code)
+    assert rc == 0
+    assert "not built" in lines["CPU path"] and lines["library"] == "none loaded"

@@ -7,7 +7,7 @@ that derives it. The package is cut by concept, one hop from formula to code:
 module                 what                                                   chapter
 =====================  =====================================================  ==========
 ``returns``            Monte-Carlo return, TD(0) target, n-step return        1, 2, 4
-``advantages``         TD error, GAE, the λ-return, decoupled GAE,            4, 5, 9
+``advantages``         TD error, GAE, the λ-return, decoupled GAE,            4, 5, 10
                        length-adaptive λ
 ``rewards``            per-token KL penalty (k1, k2, k3) + score on EOS       3
 ``losses``             value loss (plain, PPO-clipped), masked mean/whiten    6
@@ -15,10 +15,28 @@ module                 what                                                   ch
 ``symbolic``           SymPy constructors of the same quantities              4, 5
 ``world``              a toy token-level world with exact values (DP)         7
 ``critic``             tabular and tiny GRU critics, refresh-then-fit loop    7
+``pretrain``           value pretraining (critic warm-up)                     10
 ``runtime``            device choice (cuda, else cpu) and seeding             all
-``_checks``            argument validation shared by all of the above
-``_scan``              hole compaction and the backward scan they all use
+``bench``              the GAE benchmark (``python -m valuelab.bench``)       9
 =====================  =====================================================  ==========
+
+How a call runs (internal modules, one per step or algorithm; chapter 9):
+
+=====================  =====================================================
+``_checks``            argument validation: every error names its argument
+``_problem``           the front door: validate once into a ``Problem``, then
+                       dispatch to one backend (C kernel, PyTorch blocked
+                       scan, or the general differentiable path)
+``_native``            the C kernel ``_gae_kernel.c``, built at install
+``_blocked``           the PyTorch path of the fused estimators
+``_scan``              the general path: hole compaction, the per-token loop
+``_fastscan``          the loop-free scan's entry point (chooses the form)
+``_toeplitz``          constant decay: the blocked Toeplitz form
+``_doubling``          per-step decay: blocked doubling of affine maps
+``_nstep``             the n-step return by sparse-table doubling
+``_masks``             masks without argsort: right-padding test, compaction
+``_workspace``         reused scratch buffers of the PyTorch path
+=====================  =====================================================
 
 Conventions (notation page of the book): tensors are ``(T,)`` or ``(B, T)``;
 ``values[..., t]`` is :math:`V(s_t)`, the value of the state before token

@@ -1,10 +1,22 @@
 /*
  * valuelab's CPU kernel for GAE and the discounted return: one pass over the
  * tokens, no Python loop, no intermediate tensors. Derived in
- * chapters/09_fast_gae.ipynb, section "One pass in C"; loaded by
- * valuelab/_native.py, which compiles this file with the system's C compiler
- * on first use. Plain C99 plus GCC/Clang vector extensions; no Python or
- * torch headers.
+ * chapters/09_fast_gae.ipynb, section "One pass in C". Built when the package
+ * is installed (setup.py: a setuptools extension, optional, so that an
+ * install without a C compiler still succeeds and then takes the PyTorch
+ * path) into valuelab/_gae_kernel<EXT_SUFFIX>, and loaded from there by
+ * valuelab/_native.py through ctypes (the entry point is valuelab_scan).
+ * Plain C99 plus GCC/Clang vector extensions; Python.h is used only, when the
+ * build finds it, for an empty module init (see the end), so the file also
+ * compiles on its own: cc -O3 -ffp-contract=fast -fPIC -shared -pthread.
+ *
+ * Portable builds: no -march=native (the built file may run on another
+ * CPU). On x86-64 ELF with glibc, the per-rows entry functions are compiled
+ * once per target of VALUELAB_TARGETS (function multi-versioning,
+ * target_clones; the loader picks the best the CPU has) and every helper
+ * they call is always inlined, so it is compiled for the clone's target
+ * too. -DVALUELAB_NO_CLONES builds the default target only;
+ * -DVALUELAB_TARGETS='"avx2","default"' another set (the tests build both).
  *
  * For each row, backwards from its end, the mask is cut into runs of valid
  * tokens and runs of masked tokens (the mask bytes are read 8 at a time).
@@ -26,11 +38,39 @@
  * Return (values == NULL): G_t = r_t + c G_{t+1}, c = gamma, G after the last
  *                        valid token the bootstrap; written to ret.
  */
+#if defined(__has_include)
+#if __has_include(<Python.h>) /* setup.py's build: the include path has Python's headers */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h> /* first, as Python asks; used only by PyInit__gae_kernel at the end */
+#define VALUELAB_PYTHON_MODULE 1
+#endif
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define STR_(...) #__VA_ARGS__
+#define STR(...) STR_(__VA_ARGS__)
+
+/* The targets the per-rows functions are compiled for on x86-64: AVX-512F (which has FMA), AVX2, the
+   baseline (SSE2). Feature names, not "arch=x86-64-v3": Clang 14 accepts those but dispatches them wrongly. */
+#ifndef VALUELAB_TARGETS
+#define VALUELAB_TARGETS "avx512f", "avx2", "default"
+#define VALUELAB_DEFAULT_TARGETS 1
+#endif
+#if defined(__has_attribute)
+#if __has_attribute(target_clones) && defined(__x86_64__) && defined(__ELF__) && defined(__GLIBC__) && \
+    !defined(VALUELAB_NO_CLONES)
+#define CLONES __attribute__((target_clones(VALUELAB_TARGETS)))
+#define VALUELAB_CLONED 1
+#endif
+#endif
+#ifndef CLONES
+#define CLONES
+#endif
 
 typedef float vf32 __attribute__((vector_size(64)));     /* 16 lanes */
 typedef int32_t vi32 __attribute__((vector_size(64)));
@@ -40,7 +80,7 @@ typedef int64_t vi64 __attribute__((vector_size(64)));
 #define ALL_VALID 0x0101010101010101ULL /* 8 bool bytes, all true */
 
 /* Start of the valid run that ends at e - 1 (m[e - 1] is true). */
-static int64_t valid_run_start(const uint8_t *m, int64_t e) {
+INLINE int64_t valid_run_start(const uint8_t *m, int64_t e) {
     int64_t s = e;
     while (s >= 8) {
         uint64_t w;
@@ -53,7 +93,7 @@ static int64_t valid_run_start(const uint8_t *m, int64_t e) {
 }
 
 /* Start of the masked run that ends at e - 1 (m[e - 1] is false). */
-static int64_t masked_run_start(const uint8_t *m, int64_t e) {
+INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
     int64_t s = e;
     while (s >= 8) {
         uint64_t w;
@@ -92,9 +132,9 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
     } while (0)
 
 #define DEFINE_KERNEL(NAME, T_, V_, W, SCAN)                                                          \
-    /* One token of the recursion, t, whose next valid value is vnext; returns its A. Its inputs     \
-       are added to *tail (the finiteness test). */                                                  \
-    static inline T_ NAME##_step(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t t, T_ vnext,    \
+    /* One token of the recursion, t, whose next valid value is vnext; returns its A. Its inputs      \
+       are added to *tail (the finiteness test). */                                                   \
+    INLINE T_ NAME##_step(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t t, T_ vnext,            \
                                  T_ gamma, T_ c, T_ A, T_ *tail) {                                    \
         *tail += r[t];                                                                                \
         if (v) {                                                                                      \
@@ -109,16 +149,18 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
         return A;                                                                                     \
     }                                                                                                 \
     /* One valid run [s, e) of one row; *A_io and *nv_io carry in and out. */                         \
-    static void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,         \
-                           T_ gamma, T_ c, const T_ *cp, V_ P, T_ PW, T_ *A_io, T_ *nv_io, V_ *acc) {  \
+    INLINE void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,          \
+                           T_ gamma, T_ c, const T_ *cp, const V_ *Pp, T_ PW, T_ *A_io, T_ *nv_io,    \
+                           V_ *acc) { /* vectors by pointer: no vector argument in a clone's ABI */   \
+        const V_ P = *Pp;                                                                             \
         int64_t t = e - 1; /* the run's last token: its next value is the carried nv */               \
-        T_ tail = 0; /* the sum of the inputs of the tokens done one by one */                       \
+        T_ tail = 0; /* the sum of the inputs of the tokens done one by one */                        \
         T_ A = NAME##_step(r, v, adv, ret, t, *nv_io, gamma, c, *A_io, &tail);                        \
         const V_ zero = {0};                                                                          \
-        V_ sum = zero; /* of the inputs read: finite iff they are (or they overflow) */              \
-        for (; t - 2 * W >= s; t -= 2 * W) { /* two vectors: p .. p + W - 1 (lo), p + W .. (hi) */   \
+        V_ sum = zero; /* of the inputs read: finite iff they are (or they overflow) */               \
+        for (; t - 2 * W >= s; t -= 2 * W) { /* two vectors: p .. p + W - 1 (lo), p + W .. (hi) */    \
             int64_t p = t - 2 * W;                                                                    \
-            V_ xl, xh, vl, vh, vnl, vnh;                                                              \
+            V_ xl, xh, vl = zero, vh = zero, vnl, vnh; /* vl, vh: read only when v */                 \
             memcpy(&xl, r + p, sizeof(V_));                                                           \
             memcpy(&xh, r + p + W, sizeof(V_));                                                       \
             sum = sum + (xl + xh);                                                                    \
@@ -148,7 +190,7 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
         }                                                                                             \
         for (; t - W >= s; t -= W) { /* tokens p .. p + W - 1, all followed by a valid token */       \
             int64_t p = t - W;                                                                        \
-            V_ x, vv, vn;                                                                             \
+            V_ x, vv = zero, vn; /* vv: read only when v (zero: no maybe-uninitialized warning) */    \
             memcpy(&x, r + p, sizeof(V_));                                                            \
             sum = sum + x;                                                                            \
             if (v) {                                                                                  \
@@ -166,15 +208,15 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
             }                                                                                         \
             memcpy(ret + p, &x, sizeof(V_));                                                          \
         }                                                                                             \
-        for (--t; t >= s; --t) /* the run's first tokens, fewer than W */                            \
+        for (--t; t >= s; --t) /* the run's first tokens, fewer than W */                             \
             A = NAME##_step(r, v, adv, ret, t, v ? v[t + 1] : (T_)0, gamma, c, A, &tail);             \
         sum[0] += tail;                                                                               \
         *acc = *acc + sum;                                                                            \
         *A_io = A;                                                                                    \
         if (v) *nv_io = v[s];                                                                         \
     }                                                                                                 \
-    /* *acc += x[s .. e - 1], a vector at a time (the inputs under a masked run). */                 \
-    static void NAME##_add(const T_ *x, int64_t s, int64_t e, V_ *acc) {                              \
+    /* *acc += x[s .. e - 1], a vector at a time (the inputs under a masked run). */                  \
+    INLINE void NAME##_add(const T_ *x, int64_t s, int64_t e, V_ *acc) {                              \
         V_ sum = {0}, y;                                                                              \
         for (; s + W <= e; s += W) {                                                                  \
             memcpy(&y, x + s, sizeof(V_));                                                            \
@@ -183,9 +225,10 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
         for (; s < e; ++s) sum[0] += x[s];                                                            \
         *acc = *acc + sum;                                                                            \
     }                                                                                                 \
-    /* Rows b0 .. b1 - 1. Returns 1 if the sum of all their inputs (r, v, masked or not) is finite. */ \
-    static int NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot, T_ *adv,      \
-                           T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1) {              \
+    /* Rows b0 .. b1 - 1. Returns 1 if the sum of all their inputs (r, v, masked or not) is finite.   \
+       One clone per target (CLONES); everything above is inlined into each. */                       \
+    CLONES static int NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot,         \
+                                  T_ *adv, T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1) { \
         V_ acc = {0};                                                                                 \
         T_ cp[4]; /* c, c^2, c^4, c^8 */                                                              \
         cp[0] = c;                                                                                    \
@@ -205,14 +248,14 @@ static int64_t masked_run_start(const uint8_t *m, int64_t e) {
             T_ boot_b = boot ? boot[b] : (T_)0;                                                       \
             T_ A = v ? (T_)0 : boot_b, nv = boot_b;                                                   \
             if (!m) {                                                                                 \
-                NAME##_run(rb, vb, ab, gb, 0, T, gamma, c, cp, P, PW, &A, &nv, &acc);                     \
+                NAME##_run(rb, vb, ab, gb, 0, T, gamma, c, cp, &P, PW, &A, &nv, &acc);                \
                 continue;                                                                             \
             }                                                                                         \
             const uint8_t *mb = m + b * T;                                                            \
             for (int64_t e = T, s; e > 0; e = s) {                                                    \
                 if (mb[e - 1]) {                                                                      \
                     s = valid_run_start(mb, e);                                                       \
-                    NAME##_run(rb, vb, ab, gb, s, e, gamma, c, cp, P, PW, &A, &nv, &acc);                 \
+                    NAME##_run(rb, vb, ab, gb, s, e, gamma, c, cp, &P, PW, &A, &nv, &acc);            \
                 } else {                                                                              \
                     s = masked_run_start(mb, e);                                                      \
                     if (v) memset(ab + s, 0, (size_t)(e - s) * sizeof(T_));                           \
@@ -255,9 +298,10 @@ static void *run_job(void *arg) {
 
 /*
  * The entry point. r, v (or NULL), adv (unused when v is NULL), ret: (B, T)
- * row-major float32 (f64 = 0) or float64 (f64 = 1); m: (B, T) bytes 0/1 or
- * NULL (all valid); boot: (B,) or NULL (0). gamma and c are rounded to the
- * dtype here. Rows are split over nthreads threads (the caller's thread is
+ * row-major float32 (f64 = 0) or float64 (f64 = 1); m: (B, T) bytes or NULL
+ * (all valid), a token valid iff its byte is nonzero (so a bool tensor
+ * holding bytes other than 0/1 reads as byte != 0); boot: (B,) or NULL (0).
+ * gamma and c are rounded to the dtype here. Rows are split over nthreads threads (the caller's thread is
  * one of them). Returns 1 if the sum of every input entry (r and v, masked
  * or not) is finite, else 0: then an entry is NaN or infinite, or the sum
  * overflowed, and the caller checks the inputs entry by entry.
@@ -285,3 +329,34 @@ int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *bo
     for (int i = 0; i < n; ++i) finite &= jobs[i].finite;
     return finite;
 }
+
+/* The code valuelab_scan runs on this CPU, by the rule the clones' resolver follows (the first target of
+   VALUELAB_TARGETS the CPU supports), for python -m valuelab info. */
+const char *valuelab_target(void) {
+#if defined(VALUELAB_CLONED) && defined(VALUELAB_DEFAULT_TARGETS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return "avx512f clone";
+    if (__builtin_cpu_supports("avx2")) return "avx2 clone";
+    return "default clone";
+#elif defined(VALUELAB_CLONED)
+    return "one of target_clones(" STR(VALUELAB_TARGETS) ")";
+#else
+    return "single target";
+#endif
+}
+
+/* The SHA-256 of this file as setup.py built it (the loader refuses a build of another version). */
+#ifndef VALUELAB_SOURCE_SHA256
+#define VALUELAB_SOURCE_SHA256 "" /* built outside setup.py: unknown */
+#endif
+const char *valuelab_source_sha256(void) { return VALUELAB_SOURCE_SHA256; }
+
+#ifdef VALUELAB_PYTHON_MODULE
+/* An empty module, so that the built file is a valid extension module (importing it does nothing);
+   valuelab/_native.py never imports it: it loads the file with ctypes and calls valuelab_scan. */
+static struct PyModuleDef gae_kernel_module = {
+    PyModuleDef_HEAD_INIT, "valuelab._gae_kernel",
+    "valuelab's CPU kernel (valuelab/_gae_kernel.c); called through ctypes by valuelab._native.", -1, NULL,
+    NULL, NULL, NULL, NULL};
+PyMODINIT_FUNC PyInit__gae_kernel(void) { return PyModule_Create(&gae_kernel_module); }
+#endif

@@ -1,20 +1,34 @@
-"""The CPU kernel ``_gae_kernel.c``: compiled on first use with the system's C compiler, called through ctypes.
+"""The CPU kernel ``_gae_kernel.c``: built when valuelab is installed, loaded from the package, called through ctypes.
 
 Derived in ``chapters/09_fast_gae`` (section "One pass in C"). On a CPU,
-:func:`valuelab._fastscan.fused_returns` -- hence :func:`valuelab.gae` and
-:func:`valuelab.discounted_returns` with numeric γ and λ -- calls
-:func:`scan` first; it returns None, and the PyTorch block scan runs
-instead, on a GPU, when no C compiler is found, when compiling fails, or
-when the kernel is switched off (environment variable ``VALUELAB_NATIVE=0``
-or :func:`disabled`). Both paths give the recursion's results to float
-rounding; the tests run both.
+:func:`valuelab.gae` and :func:`valuelab.discounted_returns` with numeric γ
+and λ call :func:`scan` first; it returns None, and the PyTorch block scan
+runs instead, on a GPU, when the kernel was not built or is refused (see
+below; a :class:`UserWarning` says so, once per process), or when it is
+switched off (environment variable ``VALUELAB_NATIVE=0`` or
+:func:`disabled`; no warning). Both paths give the recursion's results to
+float rounding; the tests run both. ``python -m valuelab info`` prints which
+one runs.
 
-The shared library is cached in ``$VALUELAB_CACHE_DIR``, else
-``$XDG_CACHE_HOME/valuelab``, else ``~/.cache/valuelab`` (and, where that
-cannot be written, in a private folder under the temporary directory), under a name that
-hashes the source, the compiler, its flags and the machine, so a changed
-source or another CPU gets its own build. Compiling takes about a second,
-once per machine.
+**Building.** ``pip install`` compiles the kernel (``setup.py``: an optional
+setuptools extension, portable flags, one clone per x86-64 instruction set)
+into ``_gae_kernel<EXT_SUFFIX>`` next to this file; an install without a
+working C compiler succeeds without it. Nothing is compiled at run time.
+
+**Loading** (:func:`_open`, once per process): only that file, from this
+package's folder -- never from a cache or a temporary folder -- and only
+when the file, the folder and (for a link) the folder the file really is in
+are owned by this user or by root and writable by nobody else, when the
+library has the entry point ``valuelab_scan`` and when it was built from the
+``_gae_kernel.c`` next to it (the SHA-256 compiled into it matches: an
+edited source needs ``pip install -e .`` again). Otherwise nothing is
+loaded, :func:`status` says why, and it stays that way.
+
+**The boundary** (:func:`scan`): every tensor handed to C is checked, or
+made safe, first -- device, exact dtype, shape, storage large enough for the
+view (a freed storage raises), negative and conjugate bits resolved, zero
+tensors materialised, contiguity -- in O(1) per tensor unless a copy is
+needed.
 """
 
 from __future__ import annotations
@@ -23,117 +37,135 @@ import contextlib
 import ctypes
 import hashlib
 import os
-import platform
 import re
-import shutil
-import subprocess
-import tempfile
+import stat
+import sys
+import sysconfig
 import threading
+import warnings
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["available", "status", "disabled", "scan", "threads_for", "lanes"]
+__all__ = ["available", "status", "disabled", "scan", "threads_for", "lanes", "library_path"]
 
-SOURCE = Path(__file__).with_name("_gae_kernel.c")
-_FLAG_SETS: List[List[str]] = [["-O3", "-march=native"], ["-O3"]]  # the first that compiles wins
-_COMMON = ["-ffp-contract=fast", "-fPIC", "-shared", "-pthread", "-Wno-psabi"]
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE = PACKAGE_DIR / "_gae_kernel.c"
+LIBRARY = PACKAGE_DIR / ("_gae_kernel" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))  # setup.py's output
+_FALLBACK = "PyTorch block scan"
+_ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_double,
+                                     ctypes.c_int, ctypes.c_int]
 
 _lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] = None
+_fn: Optional[Callable[..., int]] = None  # valuelab_scan, argtypes set
+_path: Optional[Path] = None  # the file it was loaded from
 _tried = False
 _status = "not loaded yet"
+_warned = False
 _enabled = os.environ.get("VALUELAB_NATIVE", "1") != "0"
+_stat = os.stat  # the ownership check's stat (the tests replace it)
 
 
-def _cache_dirs() -> List[Path]:
-    """Where the built kernel may live, in order: the configured cache, then a private temporary folder."""
-    env = os.environ.get("VALUELAB_CACHE_DIR")
-    if env:
-        first = Path(env)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        first = Path(base) / "valuelab"
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return [first, Path(tempfile.gettempdir()) / f"valuelab-{uid}"]
+class _NotForC(Exception):
+    """A tensor C cannot read (a tensor subclass, or one without storage, e.g. under ``torch.vmap``): use PyTorch."""
 
 
-def _cpu_signature() -> str:
-    """The CPU's model and feature flags (``-march=native`` builds for them)."""
+# ---------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------
+
+
+def _unsafe(path: Path, what: str, want_dir: bool) -> Optional[str]:
+    """Why ``path`` may not be trusted, or None: it must be owned by this user or root and writable by no one else."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features"))]
-        return "".join(sorted(set(lines)))
+        st = _stat(path)
+    except OSError as e:
+        return f"{what} {path} cannot be read ({e.strerror})"
+    if want_dir != stat.S_ISDIR(st.st_mode) or not (want_dir or stat.S_ISREG(st.st_mode)):
+        return f"{what} {path} is not a {'folder' if want_dir else 'regular file'}"
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and st.st_uid not in (uid, 0):
+        return f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid}) or root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{what} {path} is writable by its group or by everyone (mode {stat.S_IMODE(st.st_mode):o}; "
+                f"chmod go-w {path})")
+    return None
+
+
+def _refusal(path: Path) -> Optional[str]:
+    """Why the library at ``path`` may not be loaded (see :func:`_unsafe`), or None: checked are its folder, the file and, for a link, the folder of its target."""
+    real = Path(os.path.realpath(path))
+    checks = [(path.parent, "the folder", True), (real, "the library", False)]
+    if real.parent != Path(os.path.realpath(path.parent)):
+        checks.append((real.parent, "the folder", True))
+    for p, what, want_dir in checks:
+        reason = _unsafe(p, what, want_dir)
+        if reason:
+            return reason
+    return None
+
+
+def _source_sha256() -> Optional[str]:
+    """SHA-256 of ``_gae_kernel.c`` next to this file (None where it is missing)."""
+    try:
+        return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
     except OSError:
-        return platform.processor()
-
-
-def _compile(compiler: str, flags: List[str], target: Path) -> bool:
-    try:
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-    except OSError:  # a read-only or missing home: the caller tries the next folder
-        return False
-    try:
-        proc = subprocess.run(
-            [compiler, *flags, *_COMMON, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=120
-        )
-        if proc.returncode != 0:
-            return False
-        os.replace(tmp, target)  # atomic: a concurrent process sees the old file or the new one
-        return True
-    except (OSError, subprocess.SubprocessError):
-        return False
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _load() -> Optional[ctypes.CDLL]:
-    """Compile (or find in the cache) and load the kernel once per process; None when it can't be."""
-    global _lib, _tried, _status
-    if _tried:  # every call after the first: no lock on the hot path
-        return _lib
-    with _lock:
-        if _tried:
-            return _lib
-        _tried = True
-        compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
-        if compiler is None:
-            _status = "no C compiler found: PyTorch block scan"
-            return None
-        try:
-            source = SOURCE.read_bytes()
-        except OSError:
-            _status = "kernel source missing: PyTorch block scan"
-            return None
-        for flags in _FLAG_SETS:
-            key = hashlib.sha256(
-                b"\0".join([source, compiler.encode(), " ".join(flags + _COMMON).encode(),
-                            platform.machine().encode(), _cpu_signature().encode()])
-            ).hexdigest()[:16]
-            lib = None
-            for folder in _cache_dirs():
-                target = folder / f"gae_kernel-{key}.so"
-                if target.exists() or _compile(compiler, flags, target):
-                    try:
-                        lib = ctypes.CDLL(str(target))
-                        break
-                    except OSError:
-                        continue
-            if lib is None:
-                continue
-            fn = lib.valuelab_scan
-            fn.restype = ctypes.c_int
-            fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_double,
-                                                   ctypes.c_double, ctypes.c_int, ctypes.c_int]
-            _lib = lib
-            _status = f"C kernel ({Path(compiler).name} {' '.join(flags)})"
-            return _lib
-        _status = "the C kernel did not compile: PyTorch block scan"
         return None
+
+
+def _open(path: Path) -> Tuple[Optional[Callable[..., int]], str]:
+    """``(valuelab_scan, status)`` for the library at ``path``, or ``(None, why not)``; never raises."""
+    if not path.exists():
+        return None, (f"the C kernel is not built (no {path.name} in {path.parent}: installed without a working "
+                      f"C compiler? reinstall valuelab with one): {_FALLBACK}")
+    reason = _refusal(path)
+    if reason:
+        return None, f"refused to load the C kernel: {reason}: {_FALLBACK}"
+    try:
+        lib = ctypes.CDLL(os.path.realpath(path))
+    except OSError as e:
+        return None, f"the C kernel {path} does not load ({e}): {_FALLBACK}"
+    try:
+        fn, built_from, target = lib.valuelab_scan, lib.valuelab_source_sha256, lib.valuelab_target
+    except AttributeError as e:
+        return None, f"the C kernel {path} lacks an entry point ({e}): {_FALLBACK}"
+    built_from.restype = target.restype = ctypes.c_char_p
+    built_from.argtypes = target.argtypes = []
+    source = _source_sha256()
+    if source is not None and built_from() != source.encode():
+        return None, (f"the C kernel {path} was built from another version of {SOURCE.name} "
+                      f"(rebuild it: pip install -e . or pip install .): {_FALLBACK}")
+    fn.restype = ctypes.c_int
+    fn.argtypes = _ARGTYPES
+    return fn, f"C kernel ({target().decode()})"
+
+
+def _load() -> Optional[Callable[..., int]]:
+    """Load the kernel once per process (:func:`_open`); None when it can't be."""
+    global _fn, _path, _tried, _status
+    if _tried:  # every call after the first: no lock on the hot path
+        return _fn
+    with _lock:
+        if not _tried:
+            _fn, _status = _open(LIBRARY)
+            _path = LIBRARY if _fn is not None else None
+            _tried = True  # last: a concurrent caller waits on the lock until _fn is set
+    return _fn
+
+
+def _warn_fallback() -> None:
+    """Warn, once per process, that the CPU takes the PyTorch path because the kernel is missing or refused."""
+    global _warned
+    with _lock:
+        if _warned:
+            return
+        _warned = True
+    level, frame, inside = 1, sys._getframe(0), str(PACKAGE_DIR) + os.sep
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1  # point at the caller's line, outside valuelab
+    warnings.warn(f"valuelab: {_status} (several times slower on a CPU; `python -m valuelab info` says more)",
+                  UserWarning, stacklevel=level)
 
 
 def lanes() -> Dict[torch.dtype, int]:
@@ -144,16 +176,22 @@ def lanes() -> Dict[torch.dtype, int]:
 
 
 def available() -> bool:
-    """Whether ``valuelab._native.scan`` runs the C kernel (compiling it now if it has not been tried)."""
+    """Whether ``valuelab._native.scan`` runs the C kernel (loading it now if it has not been tried)."""
     return _enabled and _load() is not None
 
 
 def status() -> str:
-    """Which path CPU GAE takes, in words (for the chapter and the benchmark)."""
+    """Which path CPU GAE takes, in words (for the chapter, the benchmark and ``python -m valuelab info``)."""
     if not _enabled:
-        return "C kernel switched off: PyTorch block scan"
+        return f"C kernel switched off: {_FALLBACK}"
     _load()
     return _status
+
+
+def library_path() -> Optional[Path]:
+    """The file the kernel was loaded from (``LIBRARY``), or None when it is not loaded."""
+    _load()
+    return _path
 
 
 @contextlib.contextmanager
@@ -176,6 +214,110 @@ def threads_for(numel: int) -> int:
     return max(1, min(torch.get_num_threads(), numel // _PARALLEL_GRAIN))
 
 
+# ---------------------------------------------------------------------------
+# the boundary
+# ---------------------------------------------------------------------------
+
+
+_ITEMSIZE = {torch.float32: 4, torch.float64: 8, torch.bool: 1}
+_Tensor = torch.Tensor
+
+
+def _extent(x: torch.Tensor) -> int:
+    """Elements from ``x.storage_offset()`` that the view can reach: the largest offset + 1 (0 when empty)."""
+    if x.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+
+
+def _for_c(x: object, name: str, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
+    """``x`` as a tensor C may read as a dense row-major ``shape`` array of ``dtype`` (float32, float64 or bool).
+
+    The common case -- a plain, dense, contiguous CPU tensor of ``dtype`` and
+    ``shape`` whose storage holds the view -- is recognised by a few O(1)
+    queries and ``x`` itself is returned; anything else goes through
+    :func:`_resolve`. (No conjugate bit to look at here: PyTorch sets it on
+    complex tensors only, and ``dtype`` is real.)
+    """
+    if (type(x) is _Tensor and x.is_cpu and x.dtype == dtype and not x.is_nested and x.shape == shape
+            and x.is_contiguous() and not x.is_neg()):
+        try:
+            have = x.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):  # no storage (torch.vmap, functionalization)
+            return _resolve(x, name, dtype, shape)
+        # contiguous: the view reaches numel elements; a NULL pointer (a zero tensor) goes to _resolve
+        if have >= x.storage_offset() * _ITEMSIZE[dtype] + x.nbytes and (x.data_ptr() != 0 or not x.numel()):
+            return x
+    return _resolve(x, name, dtype, shape)
+
+
+def _check_dense(x: object, name: str) -> None:
+    """Raise :class:`TypeError` unless ``x`` is a tensor with the strided layout (not sparse, not nested)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.is_nested or x.layout != torch.strided:
+        kind = "a nested tensor" if x.is_nested else f"layout {x.layout}"
+        raise TypeError(f"{name}: {kind}, expected a dense torch.strided tensor")
+
+
+def _resolve(x: object, name: str, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
+    """:func:`_for_c` for everything but the common case: check, then copy into a dense tensor where needed.
+
+    Raises :class:`TypeError` (not a strided tensor of ``dtype``) or
+    :class:`ValueError` (another device or shape; a storage too small for
+    the view, e.g. freed by ``untyped_storage().resize_(0)`` as FSDP does; a
+    NULL data pointer), the message starting with ``name``; raises
+    :class:`_NotForC` for a tensor subclass or a tensor without storage
+    (``torch.vmap``, functionalization), which the PyTorch path handles.
+    Otherwise: a zero tensor (``torch._efficientzerotensor``) becomes real
+    zeros; the storage is checked against the view *before* anything reads
+    it; negative and conjugate bits are resolved; the result is contiguous.
+    """
+    _check_dense(x, name)
+    if type(x) is not _Tensor and type(x) is not torch.nn.Parameter:
+        raise _NotForC(name)
+    if not x.is_cpu:
+        raise ValueError(f"{name}: on {x.device}, but the C kernel reads CPU memory")
+    if x.dtype != dtype:
+        raise TypeError(f"{name}: dtype {x.dtype}, expected {dtype}")
+    if x.shape != shape:
+        raise ValueError(f"{name}: shape {tuple(x.shape)}, expected {tuple(shape)}")
+    if x._is_zerotensor():  # no memory behind it: real zeros
+        return torch.zeros(shape, dtype=dtype, device="cpu")
+    try:
+        have = x.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        raise _NotForC(name) from None
+    need = (x.storage_offset() + _extent(x)) * x.element_size() if x.numel() else 0
+    if have < need:
+        if have == 0:
+            raise ValueError(f"{name}: its storage has been freed (size 0) but the view needs {need} bytes "
+                             "(e.g. untyped_storage().resize_(0), as FSDP does); the kernel would read freed memory")
+        raise ValueError(f"{name}: its storage holds {have} bytes but the view needs {need} "
+                         f"(storage_offset {x.storage_offset()}, stride {x.stride()})")
+    if x.is_neg():
+        x = x.resolve_neg()
+    if x.is_conj():
+        x = x.resolve_conj()
+    x = x.contiguous()
+    if x.numel() and x.data_ptr() == 0:
+        raise ValueError(f"{name}: its data pointer is NULL")
+    return x
+
+
+def _output(like: torch.Tensor, name: str) -> torch.Tensor:
+    """A fresh output for C to write: ``empty_like`` of a checked dense input, checked again (O(1)).
+
+    The check can only fail when a ``__torch_function__`` mode has replaced
+    ``empty_like`` (say, with a fake tensor): then nothing is written.
+    """
+    x = torch.empty_like(like, memory_format=torch.contiguous_format)
+    if type(x) is not _Tensor or not x.is_cpu or x.dtype != like.dtype or x.shape != like.shape \
+            or not x.is_contiguous() or (x.numel() and x.data_ptr() == 0):
+        raise ValueError(f"{name}: torch.empty_like gave no dense CPU buffer ({type(x).__name__} on {x.device})")
+    return x
+
+
 def scan(
     rewards: torch.Tensor,
     values: Optional[torch.Tensor],
@@ -189,28 +331,52 @@ def scan(
     GAE (``(eq-gae-recursion)`` of chapter 5, with ``c = γλ``) when ``values``
     is given, else the discounted return (``c = γ``, ``advantages`` None),
     computed as in ``(eq-fast-vector-scan)`` and ``(eq-fast-vector-carry)``
-    of chapter 9. Arguments as in :func:`valuelab._fastscan.fused_returns`
-    (already checked, except for finiteness): ``(B, T)`` float32/float64 CPU
-    tensors, a bool mask or None, a ``(B,)`` bootstrap or None. ``finite``
-    is False when the sum of all entries of ``rewards`` and ``values``
-    (masked ones included), taken during the same pass, is not finite: an
-    entry is NaN or infinite (the caller must then check them one by one and
-    raise) or finite entries overflowed. None is returned for CUDA tensors,
-    other dtypes, or when :func:`available` is False.
+    of chapter 9. ``rewards``: ``(B, T)`` float32 or float64 on the CPU;
+    ``values``: the same or None; ``mask``: ``(B, T)`` bool or None (all
+    valid; a byte other than 0 and 1 counts as True, as ``byte != 0``);
+    ``bootstrap``: ``(B,)`` of the same dtype, or None (0). The caller has
+    validated them, but each is checked again before C sees it
+    (:func:`_for_c`): a wrong type, dtype, device or shape, or a freed
+    storage, raises :class:`TypeError` or :class:`ValueError` naming the
+    argument; views (negative, conjugate, strided) and zero tensors are
+    resolved into dense copies. ``finite`` is False when the sum of all
+    entries of ``rewards`` and ``values`` (masked ones included), taken
+    during the same pass, is not finite: an entry is NaN or infinite (the
+    caller must then check them one by one and raise) or finite entries
+    overflowed.
+
+    None is returned for non-CPU ``rewards`` (a GPU takes the PyTorch path),
+    for tensors C cannot read (tensor subclasses, tensors under
+    ``torch.vmap``), when the kernel is switched off, and when it is not
+    loaded (then, once per process, a :class:`UserWarning`).
     """
-    if rewards.device.type != "cpu" or rewards.dtype not in (torch.float32, torch.float64) or not available():
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"rewards: expected a torch.Tensor, got {type(rewards).__name__}")
+    if not rewards.is_cpu or not _enabled:
         return None
-    B, T = rewards.shape
+    if _load() is None:
+        _warn_fallback()
+        return None
+    _check_dense(rewards, "rewards")
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards: shape {tuple(rewards.shape)}, expected (B, T)")
     dtype = rewards.dtype
-    r = rewards.contiguous()
-    v = None if values is None else values.contiguous()
-    m = None if mask is None else mask.contiguous()
-    b = None if bootstrap is None else bootstrap.reshape(B).to(dtype).contiguous()
-    ret = torch.empty((B, T), dtype=dtype)
-    adv = None if v is None else torch.empty((B, T), dtype=dtype)
+    if dtype != torch.float32 and dtype != torch.float64:
+        raise TypeError(f"rewards: dtype {dtype}, expected torch.float32 or torch.float64")
+    shape = rewards.shape
+    B, T = shape
+    try:
+        r = _for_c(rewards, "rewards", dtype, shape)
+        v = None if values is None else _for_c(values, "values", dtype, shape)
+        m = None if mask is None else _for_c(mask, "mask", torch.bool, shape)
+        b = None if bootstrap is None else _for_c(bootstrap, "bootstrap", dtype, (B,))
+    except _NotForC:
+        return None
+    ret = _output(r, "returns")
+    adv = None if v is None else _output(r, "advantages")
     finite = True
     if B and T:
-        finite = 1 == _lib.valuelab_scan(
+        finite = 1 == _fn(
             r.data_ptr(),
             None if v is None else v.data_ptr(),
             None if m is None else m.data_ptr(),

@@ -1,4 +1,4 @@
-"""The machinery every estimator shares: holes compaction and the backward scan.
+"""The general path: hole compaction, and the backward scan as a loop.
 
 All returns and advantages of this package are instances of one linear
 recursion run backwards over the valid tokens of a sequence,
@@ -12,16 +12,24 @@ same as running the recursion on the *compacted* sequence in which the valid
 tokens are moved to the left, so every function here works on compacted,
 right-padded rows and scatters the result back (derived in
 ``chapters/01_value_function_mc``, notation page "Masks").
+
+:func:`compact` turns a validated :class:`valuelab._problem.Problem` into
+that form (:class:`Prepared`) for the general, differentiable path of every
+estimator; the fused backends (:mod:`valuelab._native`,
+:mod:`valuelab._blocked`) skip holes without moving anything.
+:func:`backward_scan` is the per-token loop, kept as the tests' and the
+chapters' oracle.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Optional, Union
 
 import torch
 
-from ._fastscan import float_mask, fused_returns, right_padded_rows, valid_first_order
+from ._masks import float_mask, right_padded_rows, valid_first_order
+from ._problem import Problem, validate
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ def pack(mask: torch.Tensor) -> Packed:
     """Compact a boolean (B, T) mask so that each row's valid tokens come first.
 
     A right-padded mask (the common case) is recognised by one matrix-vector
-    product and one sum (:func:`valuelab._fastscan.right_padded_rows`) and
+    product and one sum (:func:`valuelab._masks.right_padded_rows`) and
     nothing moves.
     """
     T = mask.shape[-1]
@@ -93,14 +101,22 @@ def as_batch(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Prepared:
-    """Validated inputs of an estimator, in compacted (B, T) form."""
+    """A :class:`valuelab._problem.Problem` in compacted ``(B, T)`` form, for the general (differentiable) path.
+
+    ``gamma`` and ``lam`` are tensors (a float becomes a 0-stride one);
+    ``gamma_factor`` and ``lam_factor`` are the Problem's own float or
+    broadcast tensor, for :func:`valuelab._fastscan.time_invariant_decay`.
+    """
 
     rewards: torch.Tensor
     values: Optional[torch.Tensor]
     gamma: torch.Tensor
+    lam: Optional[torch.Tensor]
     bootstrap: torch.Tensor
     packed: Packed
     squeeze: bool
+    gamma_factor: Union[float, torch.Tensor]
+    lam_factor: Union[float, torch.Tensor, None]
 
     def out(self, y: torch.Tensor) -> torch.Tensor:
         """Scatter a compacted result back to the caller's shape."""
@@ -108,64 +124,34 @@ class Prepared:
         return y.squeeze(0) if self.squeeze else y
 
 
-def prepare(rewards, values, mask, gamma, bootstrap, *, need_values: bool) -> Prepared:
-    """Validate the common arguments and compact them (see :mod:`valuelab._checks`)."""
-    from ._checks import check_bootstrap, check_like, check_mask, check_sequence_tensor, check_unit_interval
-
-    rewards = check_sequence_tensor(rewards, "rewards")
-    if need_values:
-        values = check_like(values, "values", rewards, "rewards")
-    m = check_mask(mask, rewards)
-    g = check_unit_interval(gamma, "gamma", rewards)
-    b = check_bootstrap(bootstrap, rewards)
-    squeeze = rewards.dim() == 1
-    r2, m2, g2 = as_batch(rewards), as_batch(m), as_batch(g)
-    b2 = b.reshape(r2.shape[0])
-    packed = pack(m2)
-    v2 = packed.take(as_batch(values)) if need_values else None
-    return Prepared(packed.take(r2), v2, packed.take(g2), b2, packed, squeeze)
+def _full(f: Union[float, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """A factor (float or broadcast tensor) as a ``(B, T)`` tensor of ``like``'s dtype and device."""
+    if isinstance(f, torch.Tensor):
+        return f
+    return torch.tensor(f, dtype=like.dtype, device=like.device).expand(like.shape)
 
 
-def fused(
-    rewards, values, mask, gamma, lam, bootstrap, general_checks: Callable[[], None]
-) -> Optional[Tuple[Optional[torch.Tensor], torch.Tensor]]:
-    """``(advantages, returns)`` through :func:`valuelab._fastscan.fused_returns` when γ and λ are numbers, else None.
-
-    The front end of :func:`valuelab.gae` (``values`` given) and
-    :func:`valuelab.discounted_returns` (``values=None``, ``lam=1``). It
-    raises the errors of the general path in its order -- on any argument
-    error it runs ``general_checks`` (every check of the general path, in
-    order), which raises the first one -- without building tensors for γ and
-    λ, and it leaves finiteness to ``fused_returns`` (one sum of the inputs,
-    taken by the C kernel during its pass or by one reduction; only when that
-    sum is not finite does ``general_checks`` look at the entries). Returns
-    None -- the general path then runs and checks everything -- when γ or λ
-    is a tensor, the dtype is not float32/float64, or autograd would have to
-    trace the inputs. ``advantages`` is None without ``values``.
-    """
-    from ._checks import check_bootstrap, check_like, check_mask, check_sequence_tensor, unit_scalar
-
-    try:
-        rewards = check_sequence_tensor(rewards, "rewards", finite=False)
-        if values is not None:
-            values = check_like(values, "values", rewards, "rewards", finite=False)
-        m = None if mask is None else check_mask(mask, rewards)
-        g = unit_scalar(gamma, "gamma", rewards.dtype)
-        if g is None or rewards.dtype not in (torch.float32, torch.float64):
-            return None
-        b = None if bootstrap is None else check_bootstrap(bootstrap, rewards)
-        l = unit_scalar(lam, "lam", rewards.dtype)
-    except (TypeError, ValueError):
-        general_checks()  # the first error in the general path's order
-        raise
-    traced = rewards.requires_grad or (values is not None and values.requires_grad)
-    if l is None or (torch.is_grad_enabled() and traced):
-        return None
-    r2 = as_batch(rewards)
-    adv, ret = fused_returns(
-        r2, None if values is None else as_batch(values), None if m is None else as_batch(m), g, l,
-        None if b is None else b.reshape(r2.shape[0]), check_all=general_checks,
+def compact(p: Problem) -> Prepared:
+    """Move a validated problem into compacted, right-padded rows (:func:`pack`). Finiteness is the caller's."""
+    r = p.rewards
+    m = p.torch_mask()
+    packed = pack(torch.ones(r.shape, dtype=torch.bool, device=r.device) if m is None else m)
+    boot = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device) if p.bootstrap is None else p.bootstrap
+    return Prepared(
+        rewards=packed.take(r),
+        values=None if p.values is None else packed.take(p.values),
+        gamma=packed.take(_full(p.gamma, r)),
+        lam=None if p.lam is None else packed.take(_full(p.lam, r)),
+        bootstrap=boot,
+        packed=packed,
+        squeeze=p.squeeze,
+        gamma_factor=p.gamma,
+        lam_factor=p.lam,
     )
-    if rewards.dim() == 1:
-        adv, ret = None if adv is None else adv.squeeze(0), ret.squeeze(0)
-    return adv, ret
+
+
+def prepare(rewards, values, mask, gamma, bootstrap, *, need_values: bool) -> Prepared:
+    """Validate (every check, finiteness included) and compact: the general path's start."""
+    p = validate(rewards, values, mask, gamma, bootstrap, need_values=need_values)
+    p.check_finite()
+    return compact(p)

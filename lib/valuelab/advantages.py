@@ -10,9 +10,10 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ._checks import check_nonnegative_scalar, check_unit_interval
+from ._checks import check_nonnegative_scalar, dense
 from ._fastscan import fast_backward_scan, time_invariant_decay
-from ._scan import as_batch, fused, prepare, shift_next
+from ._problem import Problem, check_outputs, solve, validate
+from ._scan import compact, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -42,9 +43,11 @@ def td_errors(
     so :math:`\delta_T = r_T - V(s_T)`. Masked tokens are skipped and get 0.
     Arguments as in :func:`valuelab.discounted_returns`.
     """
-    p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
-    v_next = shift_next(p.values, p.packed.valid, p.bootstrap)
-    return p.out(p.rewards + p.gamma * v_next - p.values)
+    p = validate(rewards, values, mask, gamma, bootstrap, need_values=True)
+    c = compact(p)
+    y = c.out(c.rewards + c.gamma * shift_next(c.values, c.packed.valid, c.bootstrap) - c.values)
+    check_outputs(p, {"TD errors": y})
+    return y
 
 
 def gae(
@@ -80,25 +83,21 @@ def gae(
     chooses. The results equal the
     recursion's to float rounding.
     """
-    fast = fused(rewards, values, mask, gamma, lam, bootstrap,
-                 lambda: _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap))
-    if fast is not None:
-        return GAEResult(*fast)
-    p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
-    lam_t = p.packed.take(as_batch(check_unit_interval(lam, "lam", rewards)))
-    valid = p.packed.valid
-    zero = torch.zeros((), dtype=p.rewards.dtype, device=p.rewards.device)
-    v_next = shift_next(p.values, valid, p.bootstrap)
-    delta = torch.where(valid, p.rewards + p.gamma * v_next - p.values, zero)
-    c = time_invariant_decay(delta, gamma, lam)
-    adv = fast_backward_scan(delta, torch.where(valid, p.gamma * lam_t, zero) if c is None else c)
-    return GAEResult(p.out(adv), p.out(adv + p.values))
+    p = validate(rewards, values, mask, gamma, bootstrap, lam, need_values=True)
+    adv, ret = solve(p, _general_gae)
+    return GAEResult(p.out(adv), p.out(ret))
 
 
-def _check_gae_arguments(rewards, values, mask, gamma, lam, bootstrap) -> None:
-    """Every check of :func:`gae`'s general path, in its order."""
-    p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
-    check_unit_interval(lam, "lam", p.rewards)
+def _general_gae(p: Problem):
+    """``(advantages, returns)`` of :func:`gae` on the general (differentiable) path: TD errors, then one scan."""
+    c = compact(p)
+    valid = c.packed.valid
+    zero = torch.zeros((), dtype=c.rewards.dtype, device=c.rewards.device)
+    v_next = shift_next(c.values, valid, c.bootstrap)
+    delta = torch.where(valid, c.rewards + c.gamma * v_next - c.values, zero)
+    k = time_invariant_decay(delta, c.gamma_factor, c.lam_factor)
+    adv = fast_backward_scan(delta, torch.where(valid, c.gamma * c.lam, zero) if k is None else k)
+    return c.packed.put(adv), c.packed.put(adv + c.values)
 
 
 class DecoupledGAE(NamedTuple):
@@ -145,8 +144,13 @@ def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Ten
     """
     if not isinstance(lengths, torch.Tensor):
         raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")
+    if lengths.dtype == torch.bool or lengths.is_complex():
+        raise TypeError(f"lengths must hold real numbers (int or float), got {lengths.dtype}")
+    lengths = dense(lengths, "lengths")
     if lengths.dim() != 1:
         raise ValueError(f"lengths must have shape (B,), got {tuple(lengths.shape)}")
+    if lengths.is_floating_point() and lengths.numel() and not bool(torch.isfinite(lengths).all()):
+        raise ValueError("lengths must be finite: it contains NaN or inf")
     if lengths.numel() and bool((lengths < 0).any()):
         raise ValueError("lengths must be non-negative")
     alpha = check_nonnegative_scalar(alpha, "alpha")

@@ -1,27 +1,55 @@
-"""Benchmark of GAE: the per-token loop, ``valuelab.gae`` end to end, and an elementwise floor.
+"""Benchmark of GAE: per-token loops, ``valuelab.gae`` end to end, what a user would pick instead, and an elementwise floor.
 
-Run ``python -m valuelab.bench --threads 2`` (full grid, under a minute on 2
+Run ``python -m valuelab.bench --threads 2`` (full grid, a few minutes on 2
 CPU cores) or ``--quick``; ``--device cuda`` on a GPU (the default is CPU, plus
 CUDA when present), ``--out results.csv`` to keep the numbers (a
-``results.json`` next to it describes the machine), ``--shapes 64x4096`` for
+``results.json`` next to it describes the machine, the git commit, the
+threads and the contenders' versions), ``--shapes 64x4096`` for
 one shape, ``--mallopt`` to switch glibc's malloc to keep freed memory (see
 :func:`keep_freed_memory`). The timings are discussed in ``chapters/09_fast_gae``;
 the stored full run is ``chapters/data/bench_cpu.csv``.
 
-For every device, dtype, batch ``B``, length ``T`` and mask kind (right-padded
-or with holes), measured in the same run, with ``torch.cuda.synchronize``
-around each call on a GPU; the fast paths of one shape (right-padded and holes; then the
-same two on the PyTorch path) are timed in turn, one call each per round (:func:`time_interleaved`),
-so that their ratios are fair on a machine whose speed drifts, and the
-floor in a tight loop of its own (its smallest, warmest time: the
-conservative choice for ``fast/floor``); median and minimum are kept:
+For every device, dtype, batch ``B``, length ``T`` and mask kind
+(right-padded or with holes), measured in the same run, with
+``torch.cuda.synchronize`` around each call on a GPU. Contenders that belong
+together are timed in turn, one call each per round
+(:func:`time_interleaved`), so that their ratios are fair on a machine whose
+speed drifts, in this order: the two libraries; the two loops; the fast
+paths of one shape (right-padded and holes); the same two on the PyTorch
+path. The slow groups get fewer rounds on big shapes (as many as fit in a
+time budget, at least 3). The floor runs in a tight loop of its own (its
+smallest, warmest time: the conservative choice for ``fast/floor``); median
+and minimum are kept. Before timing, every mask-aware contender's output is
+checked against ``valuelab.gae`` on the right-padded rows
+(:func:`check_agrees`); a contender that computes something else stops the
+run (:class:`ContenderMismatch`). The loops and the libraries run in a
+spawned process of their own (:func:`contender_process`), one shape at a
+time while this one waits, so that ``valuelab.gae`` is timed in a process
+whose allocation history is its own: glibc's malloc thresholds, hence the
+page faults of its outputs (the ``faults`` column), depend on that history,
+sensitively on big shapes (``--mallopt`` fixes them).
 
 ``loop``
-    GAE as production RLHF frameworks write it (TRL / verl style): a Python
+    GAE as production RLHF frameworks wrote it (TRL / verl style): a Python
     loop over the tokens, ``delta = r[:, t] + gamma * v[:, t+1] - v[:, t]``,
     ``lastgaelam = delta + gamma * lam * lastgaelam``, then ``torch.stack``
     and ``returns = advantages + values``. It ignores the mask (so its time
     does not depend on it: it is timed once per (B, T, dtype)).
+``verl``
+    The mask-aware loop verl has used since its PR 2337 (:func:`verl_gae`):
+    the same loop, where a masked token carries the next value and the
+    running advantage unchanged, so holes are skipped. Equal to
+    ``valuelab.gae`` on valid tokens, holes included; its cost does not
+    depend on the mask either (timed once per (B, T, dtype), on the
+    right-padded batch).
+``lfilter``
+    SciPy's ``lfilter`` on each row's valid prefix, the ``discount_cumsum``
+    idiom of OpenAI Spinning Up (:func:`lfilter_gae`), conversions between
+    torch and numpy included. Right-padded rows only.
+``torchrl``
+    TorchRL's ``vec_generalized_advantage_estimate`` (:func:`torchrl_gae`),
+    with ``done`` at each row's last valid token. Right-padded rows only;
+    ``n/a`` when torchrl cannot be imported (a note is printed).
 ``fast``
     :func:`valuelab.gae` end to end, the public function: argument checks,
     the scan, the outputs (on a CPU with a C compiler, one pass of the C
@@ -36,28 +64,40 @@ conservative choice for ``fast/floor``); median and minimum are kept:
     the inputs and writes an output can be faster (``valuelab.gae`` reads
     three tensors and writes two, and allocates them).
 
-Ratios (of medians): ``loop/fast``, ``fast/floor``, ``torch/floor`` and, for
-masks with holes, ``holes/rp`` (fast with holes over fast right-padded, same
-shape). ``faults`` is the number of minor page faults per ``fast`` call: on a
-CPU, PyTorch allocates every output with ``malloc``, and a buffer glibc has
-handed back to the OS costs about 2 microseconds per 4 KiB page when touched
-again (see :func:`keep_freed_memory`). At the end the issue's targets are
-checked on the CPU, float32, B=64, T=4096 rows (``loop/fast >= 100``,
-``fast/floor <= 10``, ``holes/rp <= 2``).
+Ratios (of medians): ``loop/fast``, ``verl/fast``, ``lfilter/fast``,
+``torchrl/fast``, ``fast/floor``, ``torch/floor`` and, for masks with holes,
+``holes/rp`` (fast with holes over fast right-padded, same shape);
+``lfilter`` and ``torchrl`` are ``-`` on rows with holes. ``faults`` is the
+number of minor page faults per ``fast`` call: on a CPU, PyTorch allocates
+every output with ``malloc``, and a buffer glibc has handed back to the OS
+costs about 2 microseconds per 4 KiB page when touched again (see
+:func:`keep_freed_memory`). ``kernel_threads`` (CSV) is the number of
+threads the C kernel uses for the shape (0 where it does not run). At the
+end the targets are checked on the CPU, float32, B=64, T=4096 rows (see
+:data:`TARGETS`: ``loop/fast >= 500``, ``lfilter/fast >= 5``,
+``torchrl/fast >= 50``, ``fast/floor <= 3``, ``holes/rp <= 2``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import functools
 import json
+import math
+import multiprocessing
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
-from typing import Callable, List, Optional, Tuple
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
+import numpy as np
 import torch
 
 from . import advantages as _advantages
@@ -68,6 +108,9 @@ LAM = 0.95
 
 FULL_GRID = [(8, 256), (64, 256), (8, 1024), (64, 1024), (8, 4096), (64, 4096), (8, 32768), (64, 32768)]
 QUICK_GRID = [(8, 256), (64, 1024), (64, 4096)]
+
+Pair = Tuple[torch.Tensor, torch.Tensor]
+"""``(advantages, returns)``, each ``(B, T)``: what every contender returns."""
 
 
 # ---------------------------------------------------------------------------
@@ -90,6 +133,128 @@ def loop_gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: flo
     return advantages, returns
 
 
+def verl_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> Pair:
+    """The mask-aware per-token loop of verl's ``compute_gae_advantage_return`` since its PR 2337 (holes carried).
+
+    A transcription of the computation, not of the code: walking backwards
+    over the tokens, ``delta = r_t + gamma * next - v_t`` and
+    ``a = delta + gamma * lam * running``; where ``mask`` is 1 the token
+    updates ``next = v_t`` and ``running = a``, where it is 0 both are kept
+    (verl writes the blend ``x * m + (1 - m) * kept``), so a hole (a tool
+    output inside a rollout) is skipped and the padding after a row's last
+    token leaves it bootstrapped with 0. The mask is cast to the values'
+    dtype once and ``1 - m`` is formed once per step (verl forms it twice, on
+    an integer mask): a slightly cheaper loop than verl's. verl whitens the
+    advantages afterwards; that step is left out here, as it is from
+    ``valuelab.gae``. Masked tokens keep the carried values (verl masks them
+    downstream); on valid tokens the outputs equal ``valuelab.gae``'s.
+    """
+    keep = mask.to(values.dtype)
+    next_value = 0.0
+    running = 0.0
+    reversed_advantages = []
+    for t in range(rewards.shape[-1] - 1, -1, -1):
+        m_t = keep[:, t]
+        skip_t = 1 - m_t
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        fresh = delta + gamma * lam * running
+        next_value = values[:, t] * m_t + skip_t * next_value
+        running = fresh * m_t + skip_t * running
+        reversed_advantages.append(running)
+    advantages = torch.stack(reversed_advantages[::-1], dim=1)
+    return advantages, advantages + values
+
+
+@functools.lru_cache(maxsize=None)
+def _load_lfilter() -> Optional[Callable]:
+    """``scipy.signal.lfilter``, or None when SciPy is not installed."""
+    try:
+        from scipy.signal import lfilter
+    except ImportError:
+        return None
+    return lfilter
+
+
+@functools.lru_cache(maxsize=None)
+def _load_torchrl() -> Optional[Callable]:
+    """TorchRL's ``vec_generalized_advantage_estimate``, or None when torchrl cannot be imported."""
+    try:
+        from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
+    except Exception:  # ImportError, or a torchrl built for another torch failing at import
+        return None
+    return vec_generalized_advantage_estimate
+
+
+def lfilter_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> Pair:
+    """GAE by SciPy's ``lfilter`` row by row: the ``discount_cumsum`` idiom of OpenAI Spinning Up (``ppo/core.py``).
+
+    Spinning Up computes the discounted cumulative sum
+    ``y_t = x_t + c * y_{t+1}`` of one trajectory as the IIR filter with
+    numerator ``[1]`` and denominator ``[1, -c]`` run over the reversed
+    sequence, reversed back; here ``x`` is the TD error ``delta_t = r_t +
+    gamma * v_{t+1} - v_t`` (``v`` after the last valid token being 0) and
+    ``c = gamma * lam``, then ``returns = advantages + values``. A batch of
+    right-padded rows is handled as a user would: one filter per row, on its
+    valid prefix (its length is ``mask.sum(1)``; a mask with holes is not
+    handled). The cost includes what a torch user pays: the numpy views (a
+    copy to the host for CUDA tensors), the lengths as Python ints, the
+    outputs as torch tensors on the inputs' device; masked tokens get 0.
+    """
+    lfilter = _load_lfilter()
+    if lfilter is None:
+        raise ImportError("lfilter_gae needs scipy")
+    device = rewards.device
+    r = rewards.detach().cpu().numpy()
+    v = values.detach().cpu().numpy()
+    lengths = mask.sum(dim=1).tolist()
+    advantages = np.zeros_like(r)
+    returns = np.zeros_like(r)
+    denominator = [1.0, -gamma * lam]
+    for row, n in enumerate(lengths):
+        if n == 0:
+            continue
+        r_row, v_row = r[row, :n], v[row, :n]
+        delta = r_row - v_row
+        delta[:-1] += gamma * v_row[1:]
+        adv_row = lfilter([1.0], denominator, delta[::-1])[::-1]
+        advantages[row, :n] = adv_row
+        returns[row, :n] = adv_row + v_row
+    return torch.from_numpy(advantages).to(device), torch.from_numpy(returns).to(device)
+
+
+def torchrl_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> Pair:
+    """GAE by TorchRL's ``vec_generalized_advantage_estimate`` (``torchrl.objectives.value.functional``).
+
+    On right-padded rows only.
+
+    TorchRL wants ``(B, T, 1)`` tensors with time on dimension -2, the value
+    of the next state at each step, and ``done`` / ``terminated`` flags: here
+    the next values are the values shifted left by one token, and both
+    flags are True at each row's last valid token (the episode ends there,
+    so TorchRL bootstraps nothing after it, as ``valuelab.gae`` does without
+    ``bootstrap``). TorchRL then cuts each row into trajectories at the
+    flags and runs the discounted sum as a convolution with the geometric
+    kernel ``(gamma * lam) ** l``, truncated where it falls below 1e-7
+    (:func:`tolerance` accounts for that). The padding after the last valid
+    token forms a trajectory of its own; its outputs are set to 0 as
+    ``valuelab.gae`` sets them. Building the inputs and that masking are
+    part of the cost.
+    """
+    vec_gae = _load_torchrl()
+    if vec_gae is None:
+        raise ImportError("torchrl_gae needs torchrl")
+    T = rewards.shape[-1]
+    lengths = mask.sum(dim=1, keepdim=True)
+    last = torch.arange(T, device=rewards.device) == lengths - 1
+    next_values = torch.zeros_like(values)
+    next_values[:, :-1] = values[:, 1:]
+    done = last.unsqueeze(-1)
+    adv, ret = vec_gae(gamma, lam, values.unsqueeze(-1), next_values.unsqueeze(-1), rewards.unsqueeze(-1),
+                       done, done, time_dim=-2)
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    return torch.where(mask, adv.squeeze(-1), zero), torch.where(mask, ret.squeeze(-1), zero)
+
+
 def fast_gae(rewards, values, mask, gamma, lam):
     """The public :func:`valuelab.gae`."""
     return _advantages.gae(rewards, values, mask=mask, gamma=gamma, lam=lam)
@@ -99,6 +264,72 @@ def torch_gae(rewards, values, mask, gamma, lam):
     """:func:`valuelab.gae` with the C kernel switched off: the PyTorch block scan."""
     with _native.disabled():
         return _advantages.gae(rewards, values, mask=mask, gamma=gamma, lam=lam)
+
+
+def missing_contenders() -> Dict[str, str]:
+    """``{contender: why it is not timed}`` for the optional ones (lfilter needs scipy, torchrl torchrl)."""
+    missing = {}
+    if _load_lfilter() is None:
+        missing["lfilter"] = "scipy is not installed"
+    if _load_torchrl() is None:
+        missing["torchrl"] = "torchrl cannot be imported"
+    return missing
+
+
+# ---------------------------------------------------------------------------
+# checking that a contender computes the same thing
+# ---------------------------------------------------------------------------
+
+TORCHRL_THRESHOLD = 1e-7
+"""TorchRL drops the terms of its geometric kernel below this (``_fast_vec_gae``'s ``thr``)."""
+
+
+class ContenderMismatch(AssertionError):
+    """A contender's advantages or returns differ from ``valuelab.gae``'s by more than float rounding."""
+
+
+class Agreement(NamedTuple):
+    """How far a contender's outputs are from ``valuelab.gae``'s on valid tokens, and the bound they must meet."""
+
+    contender: str
+    max_err: float
+    tol: float
+
+
+def tolerance(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float, truncation: float = 0.0) -> float:
+    """A bound on the difference of two correct GAE computations of the same batch.
+
+    Every TD error is at most ``d = max|r| + (1 + gamma) max|v|`` in size, and
+    an advantage sums them with weights ``c**l`` (``c = gamma * lam``), i.e. over
+    ``n = min(T, 1 / (1 - c))`` effective terms; rounding costs a few ulps per
+    term: ``64 * eps * d * n``. ``truncation`` is the threshold below which a
+    contender drops terms of the geometric series (TorchRL): the dropped tail
+    is at most ``truncation / (c * (1 - c)) * d`` and is added. A contender that
+    computes anything else (another bootstrap, a shifted value) is off by
+    about ``d``, far above.
+    """
+    T = rewards.shape[-1]
+    c = gamma * lam
+    d = float(rewards.abs().max()) + (1 + gamma) * float(values.abs().max()) if rewards.numel() else 0.0
+    n = T if c >= 1 else min(T, 1 / (1 - c))
+    tail = truncation / (c * (1 - c)) * d if 0 < c < 1 and truncation > 0 else 0.0
+    return 64 * torch.finfo(rewards.dtype).eps * d * n + tail
+
+
+def check_agrees(name: str, got: Pair, want: Pair, mask: torch.Tensor, tol: float) -> Agreement:
+    """The largest difference of ``got`` from ``want`` (advantages and returns) on the tokens where ``mask`` is True.
+
+    Raises :class:`ContenderMismatch` above ``tol`` (or on NaN): a benchmark
+    that times another computation says nothing.
+    """
+    err = 0.0
+    for g, w in zip(got, want):
+        diff = (g.to(w.dtype) - w)[mask]
+        if diff.numel():
+            err = max(err, float(diff.abs().max()))
+    if not err <= tol:
+        raise ContenderMismatch(f"{name}: differs from valuelab.gae by {err:.3g} on valid tokens (tolerance {tol:.3g})")
+    return Agreement(name, err, tol)
 
 
 # ---------------------------------------------------------------------------
@@ -201,8 +432,12 @@ def _repeats_for(estimate_s: float, budget_s: float, lo: int = 1, hi: int = 25) 
 COLUMNS = [
     "device", "dtype", "B", "T", "mask", "loop_ms", "fast_ms", "floor_ms", "torch_ms",
     "loop/fast", "fast/floor", "torch/floor", "holes/rp", "fast_min_ms", "floor_min_ms", "faults",
+    "verl_ms", "lfilter_ms", "torchrl_ms", "verl/fast", "lfilter/fast", "torchrl/fast",
 ]
-CSV_COLUMNS = COLUMNS + ["loop_min_ms", "torch_min_ms"]
+CSV_COLUMNS = COLUMNS + ["loop_min_ms", "torch_min_ms", "verl_min_ms", "lfilter_min_ms", "torchrl_min_ms",
+                         "kernel_threads"]
+NAN = float("nan")
+NO_TIME = (NAN, NAN, NAN)
 
 
 def time_interleaved(fns: dict, device: torch.device, repeats: int, warmup: int = 2) -> dict:
@@ -230,80 +465,261 @@ def time_interleaved(fns: dict, device: torch.device, repeats: int, warmup: int 
     return {k: (statistics.median(v), min(v), faults[k] / repeats) for k, v in times.items()}
 
 
-def run_grid(devices, grid, dtypes, loop_budget_s: float, fast_repeats: int, log=print) -> List[dict]:
-    """Time the contenders on every (device, dtype, B, T, mask kind); one dict per row of the table."""
+def _first_call(fn: Callable[[], Pair], device: torch.device) -> Tuple[Pair, float]:
+    """``(output, seconds)`` of one call: the output for the check, the time to size the repeats."""
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, time.perf_counter() - t0
+
+
+def kernel_threads(B: int, T: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Threads the C kernel runs ``valuelab.gae`` on for this shape.
+
+    0 where it does not run: GPU, no C compiler, another dtype.
+    """
+    if device.type != "cpu" or dtype not in (torch.float32, torch.float64) or not _native.available():
+        return 0
+    return _native.threads_for(B * T)
+
+
+def _time_checked(fns: Dict[str, Callable[[], Pair]], device: torch.device, budget_s: float, hi: int,
+                  check: Callable[[str, Pair], None]) -> dict:
+    """Time slow contenders interleaved after checking them: as many rounds as fit in ``budget_s``, 3 to ``hi``.
+
+    Each one's first call gives its output to ``check`` and its time to the
+    budget (and serves as warm-up).
+    """
+    first = {}
+    for name, fn in fns.items():
+        out, first[name] = _first_call(fn, device)
+        check(name, out)
+    if not fns:
+        return {}
+    return time_interleaved(fns, device, warmup=0, repeats=_repeats_for(sum(first.values()), budget_s, lo=3, hi=hi))
+
+
+def slow_contenders(B: int, T: int, dtype: str, device: str, budget_s: float, lib_repeats: int) -> Tuple[dict, List[dict]]:
+    """``(timings, checks)`` of the slow contenders on :func:`make_batch`'s right-padded batch (seed 0) of one shape.
+
+    Every mask-aware contender is first checked against ``valuelab.gae``
+    (the mask-blind loop is not: it computes something else on padded rows,
+    by design); ``checks`` has one dict per check. Then the two libraries are
+    timed interleaved (3 to ``lib_repeats`` rounds), then the two loops (3 to
+    9), each group in about ``budget_s``. ``timings`` maps each contender to
+    ``(median, minimum, faults)``; a missing library gets :data:`NO_TIME`.
+    :func:`run_grid` runs this in the process of :func:`contender_process`:
+    the contenders' temporaries (gigabytes for TorchRL at B=64, T=32768 in
+    float64) would otherwise become part of the allocation history of the
+    process that times ``valuelab.gae``, on which glibc's malloc thresholds,
+    hence its page faults, depend (see :func:`keep_freed_memory`).
+    """
+    dev = torch.device(device)
+    r, v, m = make_batch(B, T, getattr(torch, dtype), dev, holes=False)
+    want = fast_gae(r, v, m, GAMMA, LAM)
+    shape = {"device": dev.type, "dtype": dtype, "B": B, "T": T}
+    tol = tolerance(r, v, GAMMA, LAM)
+    bounds = {"verl": tol, "lfilter": tol, "torchrl": tolerance(r, v, GAMMA, LAM, TORCHRL_THRESHOLD)}
+    checks: List[dict] = []
+
+    def check(name: str, out: Pair) -> None:
+        if name in bounds:
+            checks.append({**shape, **check_agrees(name, out, want, m, bounds[name])._asdict()})
+
+    missing = missing_contenders()
+    libs = {"lfilter": lambda: lfilter_gae(r, v, m, GAMMA, LAM), "torchrl": lambda: torchrl_gae(r, v, m, GAMMA, LAM)}
+    res = _time_checked({k: fn for k, fn in libs.items() if k not in missing}, dev, budget_s, lib_repeats, check)
+    res.update({name: NO_TIME for name in missing})
+    loops = {"loop": lambda: loop_gae(r, v, GAMMA, LAM), "verl": lambda: verl_gae(r, v, m, GAMMA, LAM)}
+    res.update(_time_checked(loops, dev, budget_s, 9, check))
+    return res, checks
+
+
+def contender_info() -> dict:
+    """The process that runs the contenders: its torch threads and id, the missing contenders, the libraries' versions."""
+    have_torchrl = _load_torchrl() is not None
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+        "missing": missing_contenders(),
+        "scipy": _version("scipy") if _load_lfilter() is not None else None,
+        "torchrl": _version("torchrl") if have_torchrl else None,
+        "tensordict": _version("tensordict") if have_torchrl else None,
+    }
+
+
+def _init_contender_process(threads: int, mallopt: bool) -> None:
+    torch.set_num_threads(threads)
+    if mallopt:
+        keep_freed_memory()
+
+
+Call = Callable[..., object]
+"""``call(fn, *args)`` runs ``fn(*args)`` somewhere and returns its result."""
+
+
+def in_process(fn: Callable, *args):
+    """:data:`Call` in this process."""
+    return fn(*args)
+
+
+@contextlib.contextmanager
+def contender_process(threads: int, mallopt: bool) -> Iterator[Call]:
+    """A :data:`Call` into one spawned process, kept for the whole run, with ``threads`` torch threads (and ``mallopt``).
+
+    The contenders run there, one call at a time, while this process waits
+    (so the two never compete for the CPUs); this process times
+    ``valuelab.gae`` and never allocates the contenders' memory or imports
+    SciPy and TorchRL. Spawned, not forked: forking a process whose torch
+    thread pools are running is unsafe.
+    """
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_init_contender_process,
+                             initargs=(threads, mallopt)) as pool:
+        yield lambda fn, *args: pool.submit(fn, *args).result()
+
+
+def _row(device, dtype, B, T, kind, res: dict, floor: tuple, threads: int) -> dict:
+    """One row of the table from the timings ``res`` (``{contender: (median, min, faults)}``) of one shape."""
+    fast_s, fast_min, faults = res[kind]
+    torch_s, torch_min, _ = res["torch " + kind]
+    floor_s, floor_min, _ = floor
+    row = {
+        "device": device.type, "dtype": str(dtype).replace("torch.", ""), "B": B, "T": T,
+        "mask": kind, "loop_ms": res["loop"][0] * 1e3, "fast_ms": fast_s * 1e3, "floor_ms": floor_s * 1e3,
+        "torch_ms": torch_s * 1e3, "loop/fast": res["loop"][0] / fast_s, "fast/floor": fast_s / floor_s,
+        "torch/floor": torch_s / floor_s,
+        "holes/rp": fast_s / res["right-padded"][0] if kind == "holes" else NAN,
+        "fast_min_ms": fast_min * 1e3, "floor_min_ms": floor_min * 1e3, "faults": faults,
+        "loop_min_ms": res["loop"][1] * 1e3, "torch_min_ms": torch_min * 1e3, "kernel_threads": threads,
+    }
+    for name in ("verl", "lfilter", "torchrl"):
+        # verl's loop costs the same on any mask; the libraries handle right-padded rows only
+        median, minimum, _ = res[name] if name == "verl" or kind == "right-padded" else NO_TIME
+        row[f"{name}_ms"], row[f"{name}_min_ms"] = median * 1e3, minimum * 1e3
+        row[f"{name}/fast"] = median / fast_s
+    return row
+
+
+def run_grid(devices, grid, dtypes, loop_budget_s: float, fast_repeats: int, log=print,
+             checks: Optional[List[dict]] = None, call: Call = in_process) -> List[dict]:
+    """Time the contenders on every (device, dtype, B, T, mask kind); one dict per row of the table.
+
+    ``checks``, when given, receives the result of every agreement check
+    (contender, shape, ``max_err``, ``tol``). ``call`` runs
+    :func:`slow_contenders` (:func:`main` passes :func:`contender_process`;
+    the default, in this process, lets the contenders' allocations change
+    ``valuelab.gae``'s page faults on big shapes).
+    """
+    checks = [] if checks is None else checks
     rows: List[dict] = []
     for device in devices:
         for dtype in dtypes:
             for B, T in grid:
-                # the loop does not look at the mask: time it once per (B, T, dtype), few repeats
                 r, v, m = make_batch(B, T, dtype, device, holes=False)
-                t0 = time.perf_counter()
-                loop_gae(r, v, GAMMA, LAM)
-                _sync(device)
-                first = time.perf_counter() - t0
-                loop_s, loop_min, _ = time_call(lambda: loop_gae(r, v, GAMMA, LAM), device,
-                                                repeats=_repeats_for(first, loop_budget_s, lo=3, hi=9), warmup=0)
                 rh, vh, mh = make_batch(B, T, dtype, device, holes=True)
+                res, found = call(slow_contenders, B, T, str(dtype).replace("torch.", ""), device.type,
+                                  loop_budget_s, fast_repeats)
+                checks.extend(found)
                 floor_buf = torch.empty_like(r)
                 # the floor in a tight loop of its own: its threads and caches stay warm, its time is the
                 # smallest (a conservative fast/floor)
                 floor = time_call(lambda: torch.add(r, v, alpha=GAMMA, out=floor_buf), device,
                                   repeats=max(fast_repeats, 25), warmup=3)
-                res = time_interleaved({
+                res.update(time_interleaved({
                     "right-padded": lambda: fast_gae(r, v, m, GAMMA, LAM),
                     "holes": lambda: fast_gae(rh, vh, mh, GAMMA, LAM),
-                }, device, repeats=fast_repeats)
+                }, device, repeats=fast_repeats))
                 # the PyTorch path in a group of its own: its scratch buffers would evict the fast path's data
                 res.update(time_interleaved({
                     "torch right-padded": lambda: torch_gae(r, v, m, GAMMA, LAM),
                     "torch holes": lambda: torch_gae(rh, vh, mh, GAMMA, LAM),
                 }, device, repeats=fast_repeats))
-                floor_s, floor_min, _ = floor
+                threads = kernel_threads(B, T, dtype, device)
                 for kind in ("right-padded", "holes"):
-                    fast_s, fast_min, faults = res[kind]
-                    torch_s, torch_min, _ = res["torch " + kind]
-                    rows.append({
-                        "device": device.type, "dtype": str(dtype).replace("torch.", ""), "B": B, "T": T,
-                        "mask": kind, "loop_ms": loop_s * 1e3, "fast_ms": fast_s * 1e3, "floor_ms": floor_s * 1e3,
-                        "torch_ms": torch_s * 1e3, "loop/fast": loop_s / fast_s, "fast/floor": fast_s / floor_s,
-                        "torch/floor": torch_s / floor_s,
-                        "holes/rp": fast_s / res["right-padded"][0] if kind == "holes" else float("nan"),
-                        "fast_min_ms": fast_min * 1e3, "floor_min_ms": floor_min * 1e3, "faults": faults,
-                        "loop_min_ms": loop_min * 1e3, "torch_min_ms": torch_min * 1e3,
-                    })
+                    rows.append(_row(device, dtype, B, T, kind, res, floor, threads))
                     log(_fmt_row(rows[-1]))
     return rows
 
 
 TARGET = ("cpu", "float32", 64, 4096)
+TARGETS = [
+    # (ratio, mask kind of the row, ">=" or "<=", bound, what it measures)
+    ("loop/fast", "right-padded", ">=", 500, "valuelab.gae end to end against the per-token loop"),
+    ("lfilter/fast", "right-padded", ">=", 5, "against SciPy lfilter per row"),
+    ("torchrl/fast", "right-padded", ">=", 50, "against TorchRL vec_generalized_advantage_estimate"),
+    ("fast/floor", "right-padded", "<=", 3, "against one elementwise pass"),
+    ("holes/rp", "holes", "<=", 2, "masks with holes against right-padded"),
+]
+"""The targets, checked on the CPU, float32, B=64, T=4096 rows (:data:`TARGET`)."""
+
+
+def _ratio_text(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.0f}"
 
 
 def target_report(rows: List[dict]) -> List[str]:
-    """The issue's targets on CPU, float32, B=64, T=4096: loop/fast >= 100, fast/floor <= 10, holes/rp <= 2."""
+    """The targets of :data:`TARGETS` on CPU, float32, B=64, T=4096: one line each, measured value, met or NOT met.
+
+    A ratio that was not measured (a missing library) reads ``n/a``.
+    """
     def pick(kind):
         return [r for r in rows if (r["device"], r["dtype"], r["B"], r["T"]) == TARGET and r["mask"] == kind]
 
-    rp, ho = pick("right-padded"), pick("holes")
-    if not rp or not ho:
+    found = {kind: pick(kind) for kind in ("right-padded", "holes")}
+    if not all(found.values()):
         return []
-    r, h = rp[0], ho[0]
+    lines = ["targets (cpu, float32, B=64, T=4096; ratios of medians):"]
+    for ratio, kind, op, bound, what in TARGETS:
+        value = float(found[kind][0][ratio])
+        if math.isnan(value):
+            verdict, shown = "n/a: not measured", "n/a"
+        else:
+            met = value >= bound if op == ">=" else value <= bound
+            verdict, shown = ("met" if met else "NOT met"), _ratio_text(value) + "x"
+        lines.append(f"  {ratio:<12s} = {shown:>7s}  ({what}; target {op} {bound}x: {verdict})")
+    r, h = found["right-padded"][0], found["holes"][0]
+    lines.append(
+        f"  for information: verl/fast = {_ratio_text(r['verl/fast'])}x; with holes loop/fast = {h['loop/fast']:.0f}x, "
+        f"fast/floor = {h['fast/floor']:.1f}x; the PyTorch path (C kernel off) loop/torch = "
+        f"{r['loop_ms'] / r['torch_ms']:.0f}x, torch/floor = {r['torch/floor']:.1f}x")
+    return lines
 
-    def ok(flag: bool) -> str:
-        return "met" if flag else "NOT met"
 
-    return [
-        "targets (cpu, float32, B=64, T=4096, right-padded; ratios of medians):",
-        f"  loop/fast  = {r['loop/fast']:.0f}x  (valuelab.gae end to end; target >= 100x: {ok(r['loop/fast'] >= 100)})",
-        f"  fast/floor = {r['fast/floor']:.1f}x  (target <= 10x: {ok(r['fast/floor'] <= 10)})",
-        f"  holes/rp   = {h['holes/rp']:.2f}x  (masks with holes; target <= 2x: {ok(h['holes/rp'] <= 2)})",
-        f"  for information: with holes loop/fast = {h['loop/fast']:.0f}x, fast/floor = {h['fast/floor']:.1f}x; "
-        f"the PyTorch path (C kernel off) loop/torch = {r['loop_ms'] / r['torch_ms']:.0f}x, torch/floor = {r['torch/floor']:.1f}x",
-    ]
+def git_commit(where: Optional[Path] = None) -> str:
+    """``git rev-parse HEAD`` of the checkout holding ``where`` (default: this file), ``-dirty`` appended when
+    ``git status --porcelain`` lists anything; ``"unknown"`` outside a git checkout or without git."""
+    where = Path(__file__).resolve().parent if where is None else Path(where)
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            proc = subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if not head or not head.strip():
+        return "unknown"
+    changes = git("status", "--porcelain")
+    return head.strip() + ("-dirty" if changes is None or changes.strip() else "")
 
 
-def machine_description(threads: int, mallopt: bool) -> dict:
-    """CPU model, core count, torch version and threads, for the JSON next to the CSV."""
+def _version(module: str) -> Optional[str]:
+    """The installed version of ``module``, or None when it cannot be imported."""
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
+
+
+def machine_description(threads: int, mallopt: bool, contenders: Optional[dict] = None) -> dict:
+    """For the JSON next to the CSV: CPU, core count, torch and its threads, the git commit, the contenders' versions.
+
+    ``contenders`` is :func:`contender_info` of the process that runs them
+    (default: this one).
+    """
+    contenders = contender_info() if contenders is None else contenders
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
@@ -328,6 +744,13 @@ def machine_description(threads: int, mallopt: bool) -> dict:
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "mallopt": mallopt,
         "cpu_path": _native.status(),
+        "git_commit": git_commit(),
+        "numpy": np.__version__,
+        "scipy": contenders["scipy"],
+        "torchrl": contenders["torchrl"],
+        "tensordict": contenders["tensordict"],
+        "contender_torch_threads": contenders["torch_threads"],
+        "contenders_in": "this process" if contenders["pid"] == os.getpid() else "a spawned process of their own",
         "loadavg_at_start": load,
         "gamma": GAMMA,
         "lam": LAM,
@@ -342,7 +765,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-_WIDTHS = [6, 8, 3, 6, 13, 9, 8, 8, 8, 9, 10, 10, 8, 11, 12, 7]
+_WIDTHS = [6, 8, 3, 6, 13, 9, 8, 8, 8, 9, 10, 10, 8, 11, 12, 7, 9, 10, 10, 9, 12, 12]
 
 
 def _fmt_row(row: dict) -> str:
@@ -388,18 +811,35 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             assert all(len(bt) == 2 and bt[0] > 0 and bt[1] > 0 for bt in grid)
         except (ValueError, AssertionError):
             ap.error(f"--shapes: expected a list like 64x4096,8x32768, got {args.shapes!r}")
-    machine = machine_description(torch.get_num_threads(), bool(mallopt))
+    with contender_process(torch.get_num_threads(), bool(mallopt)) as call:
+        return _run(args, argv, devices, dtypes, grid, bool(mallopt), call)
+
+
+def _run(args: argparse.Namespace, argv: Optional[List[str]], devices: List[torch.device], dtypes: List[torch.dtype],
+         grid: List[Tuple[int, int]], mallopt: bool, call: Call) -> List[dict]:
+    """The run of :func:`main` once the arguments are parsed: the table, the targets, the files."""
+    contenders = call(contender_info)
+    machine = machine_description(torch.get_num_threads(), mallopt, contenders)
+    if "cpu" in [d.type for d in devices]:
+        machine["kernel_threads"] = {f"{B}x{T}": kernel_threads(B, T, dtypes[0], torch.device("cpu")) for B, T in grid}
 
     print(f"{machine['cpu_model']}, {machine['logical_cpus']} logical CPUs, torch {torch.__version__}, "
           f"{torch.get_num_threads()} CPU threads, gamma={GAMMA}, lam={LAM}; fast = valuelab.gae "
-          f"(CPU: {machine['cpu_path']}); torch = valuelab.gae with the C kernel off; "
+          f"(CPU: {machine['cpu_path']}); torch = valuelab.gae with the C kernel off; verl = verl's mask-aware loop; "
+          f"lfilter = SciPy {machine['scipy']} per row; torchrl = TorchRL {machine['torchrl']}; "
+          f"commit {machine['git_commit']}; "
           "times in ms (median of the repeats; *_min: minimum); ratios of medians")
+    for name, why in contenders["missing"].items():
+        print(f"note: {why}: the {name} column is n/a ('-')")
     print(_header(), flush=True)
     t0 = time.perf_counter()
     repeats = args.repeats or (15 if args.quick else 61)
+    checks: List[dict] = []
     rows = run_grid(devices, grid, dtypes, loop_budget_s=0.4 if args.quick else 3.0, fast_repeats=repeats,
-                    log=lambda line: print(line, flush=True))
-    print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
+                    log=lambda line: print(line, flush=True), checks=checks, call=call)
+    worst = max((c["max_err"] / c["tol"] for c in checks if c["tol"] > 0), default=0.0)
+    print(f"total {time.perf_counter() - t0:.0f} s; {len(checks)} agreement checks with valuelab.gae passed "
+          f"(largest error / tolerance: {worst:.2g})", flush=True)
     for line in target_report(rows):
         print(line)
     if args.out:
@@ -414,6 +854,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             pass
         machine["command"] = "python -m valuelab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
         machine["targets"] = target_report(rows)
+        machine["checks"] = checks
         meta = os.path.splitext(args.out)[0] + ".json"
         with open(meta, "w") as fh:
             json.dump(machine, fh, indent=1)

@@ -5,11 +5,20 @@ Derived in ``chapters/06_value_loss``.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
-from ._checks import check_like, check_mask, check_nonnegative_scalar, check_sequence_tensor, optional_like
+from ._checks import (
+    canonical_mask,
+    check_like,
+    check_mask,
+    check_nonnegative_scalar,
+    check_sequence_tensor,
+    optional_like,
+    require_finite,
+)
 from ._scan import as_batch
 
 __all__ = ["masked_mean", "masked_whiten", "value_loss", "AGGREGATIONS"]
@@ -18,7 +27,23 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 def _mask_for(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    return check_mask(mask, x).to(x.dtype)
+    return canonical_mask(check_mask(mask, x)).to(x.dtype)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float64 (float16, bfloat16 and float32 statistics are taken there: their squares cannot overflow)."""
+    return x if x.dtype == torch.float64 else x.double()
+
+
+def _scale(x: torch.Tensor, m: torch.Tensor, dim: Optional[int]) -> torch.Tensor:
+    """The largest ``|x|`` among the valid entries (along ``dim``, kept), 1 where that is 0: the statistics' unit.
+
+    Dividing by it first keeps every sum and square below the largest float
+    (a mean of finite numbers is finite; so is a variance once scaled).
+    """
+    a = (x * m).abs()
+    s = a.amax() if dim is None else a.amax(dim, keepdim=True)
+    return torch.where(s > 0, s, torch.ones((), dtype=s.dtype, device=s.device))
 
 
 def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optional[int] = None) -> torch.Tensor:
@@ -26,13 +51,19 @@ def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optio
 
     With ``dim=None`` the mean is over all valid entries of the batch (a
     scalar); otherwise along ``dim``. Where no entry is valid the mean is 0,
-    never NaN.
+    never NaN. Taken in float64 on a scale of the largest valid entry, so the
+    mean of finite entries is finite (``[3e38, 3e38]`` in float32 has mean
+    3e38, not inf). Chapter 6.
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
+    xw, mw = _wide(x), _wide(m)
+    s = _scale(xw, mw, dim)
     if dim is None:
-        return (x * m).sum() / m.sum().clamp(min=1)
-    return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
+        out = s * ((xw / s) * mw).sum() / mw.sum().clamp(min=1)
+    else:
+        out = s.squeeze(dim) * ((xw / s) * mw).sum(dim) / mw.sum(dim).clamp(min=1)
+    return out.to(x.dtype)
 
 
 def masked_whiten(
@@ -45,6 +76,13 @@ def masked_whiten(
     enters the statistics (chapter 6). With ``shift_mean=False`` the mean is
     added back. Masked entries of the result are 0.
 
+    The statistics are taken in float64, on the scale :math:`s` of the
+    largest valid :math:`|x|` (:math:`(x/s - \mu/s)/\sqrt{\sigma^2/s^2 + \epsilon/s^2}`
+    is the same number and never overflows): float32 ``[3e38, -3e38, 0]``
+    whitens to ``[1, -1, 0]``, not to zeros. When every valid entry is the
+    same and ``eps = 0`` the variance is 0 and the result is 0 (the centred
+    values), never NaN.
+
     Raises:
         ValueError: fewer than two valid entries (the unbiased variance is undefined).
     """
@@ -54,13 +92,17 @@ def masked_whiten(
     count = m.sum()
     if count < 2:
         raise ValueError("mask must select at least two entries to whiten (unbiased variance)")
-    mean = (x * m).sum() / count
-    centred = (x - mean) * m
-    var = (centred * centred).sum() / (count - 1)
-    out = centred * torch.rsqrt(var + eps)
+    xw, mw = _wide(x), _wide(m)
+    s = _scale(xw, mw, None)
+    xs = xw / s
+    mean = (xs * mw).sum() / count
+    centred = (xs - mean) * mw
+    var = (centred * centred).sum() / (count - 1) + (math.sqrt(eps) / s) ** 2  # (sigma^2 + eps) / s^2
+    var = torch.where(var > 0, var, torch.ones((), dtype=var.dtype, device=var.device))  # 0 only when centred is
+    out = centred * torch.rsqrt(var)
     if not shift_mean:
-        out = out + mean
-    return out * m
+        out = out + mean * s
+    return (out * mw).to(x.dtype)
 
 
 def value_loss(
@@ -106,9 +148,18 @@ def value_loss(
         sq = torch.maximum(sq, (clipped - returns) ** 2)
     sq, m = as_batch(sq), as_batch(m)
     if aggregation == "token-mean":
-        return 0.5 * (sq * m).sum() / m.sum().clamp(min=1)
-    per_seq = (sq * m).sum(-1)
-    if aggregation == "seq-mean-token-mean":
-        per_seq = per_seq / m.sum(-1).clamp(min=1)
-    nonempty = (m.sum(-1) > 0).to(sq.dtype)  # an empty sequence has no token to average
-    return 0.5 * (per_seq * nonempty).sum() / nonempty.sum().clamp(min=1)
+        loss = 0.5 * (sq * m).sum() / m.sum().clamp(min=1)
+    else:
+        per_seq = (sq * m).sum(-1)
+        if aggregation == "seq-mean-token-mean":
+            per_seq = per_seq / m.sum(-1).clamp(min=1)
+        nonempty = (m.sum(-1) > 0).to(sq.dtype)  # an empty sequence has no token to average
+        loss = 0.5 * (per_seq * nonempty).sum() / nonempty.sum().clamp(min=1)
+    try:
+        require_finite(loss, "loss")
+    except ValueError:
+        raise ValueError(
+            f"values and returns are finite but differ too much for {values.dtype}: the squared error overflows; "
+            "scale the returns (or use float64)"
+        ) from None
+    return loss

@@ -14,8 +14,10 @@ from typing import Optional, Union
 import torch
 
 from ._checks import check_positive_int
-from ._fastscan import fast_backward_scan, fast_nstep_returns, time_invariant_decay
-from ._scan import fused, prepare, shift_next
+from ._fastscan import fast_backward_scan, time_invariant_decay
+from ._nstep import fast_nstep_returns
+from ._problem import Problem, check_outputs, solve, validate
+from ._scan import compact, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -53,18 +55,20 @@ def discounted_returns(
     Returns:
         Tensor of ``rewards``' shape, dtype and device.
     """
-    fast = fused(rewards, None, mask, gamma, 1.0, bootstrap,
-                 lambda: prepare(rewards, None, mask, gamma, bootstrap, need_values=False))
-    if fast is not None:
-        return fast[1]
-    p = prepare(rewards, None, mask, gamma, bootstrap, need_values=False)
-    valid = p.packed.valid
-    zero = _zero(p.rewards)
-    tail = shift_next(torch.zeros_like(p.rewards), valid, p.bootstrap)  # bootstrap at the last token only
-    x = torch.where(valid, p.rewards + p.gamma * tail, zero)
-    d = torch.where(valid, p.gamma, zero)
-    c = time_invariant_decay(x, gamma)
-    return p.out(fast_backward_scan(x, d if c is None else c))
+    p = validate(rewards, None, mask, gamma, bootstrap, need_values=False)
+    return p.out(solve(p, _general_returns)[1])
+
+
+def _general_returns(p: Problem):
+    """``(None, G)`` of :func:`discounted_returns` on the general (differentiable) path."""
+    c = compact(p)
+    valid = c.packed.valid
+    zero = _zero(c.rewards)
+    tail = shift_next(torch.zeros_like(c.rewards), valid, c.bootstrap)  # bootstrap at the last token only
+    x = torch.where(valid, c.rewards + c.gamma * tail, zero)
+    d = torch.where(valid, c.gamma, zero)
+    k = time_invariant_decay(x, c.gamma_factor)
+    return None, c.packed.put(fast_backward_scan(x, d if k is None else k))
 
 
 def td_targets(
@@ -81,9 +85,11 @@ def td_targets(
     Past the last valid token :math:`V(s_{T+1})` is ``bootstrap``; masked
     tokens are skipped and get 0. Arguments as in :func:`discounted_returns`.
     """
-    p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
-    v_next = shift_next(p.values, p.packed.valid, p.bootstrap)
-    return p.out(p.rewards + p.gamma * v_next)
+    p = validate(rewards, values, mask, gamma, bootstrap, need_values=True)
+    c = compact(p)
+    y = c.out(c.rewards + c.gamma * shift_next(c.values, c.packed.valid, c.bootstrap))
+    check_outputs(p, {"TD targets": y})
+    return y
 
 
 def nstep_returns(
@@ -104,5 +110,9 @@ def nstep_returns(
     ``n = 1`` is :func:`td_targets`. Other arguments as in :func:`td_targets`.
     """
     n = check_positive_int(n, "n")
-    p = prepare(rewards, values, mask, gamma, bootstrap, need_values=True)
-    return p.out(fast_nstep_returns(p.rewards, p.values, p.gamma, p.packed.valid, p.bootstrap, n))
+    p = validate(rewards, values, mask, gamma, bootstrap, need_values=True)
+    c = compact(p)
+    y = c.out(fast_nstep_returns(c.rewards, c.values, c.gamma, c.packed.valid, c.bootstrap, n))
+    check_outputs(p, {"n-step returns": y})
+    return y
+

@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 import torch
 
-from ._checks import check_bootstrap, check_like, check_mask, check_nonnegative_scalar, check_sequence_tensor
+from ._checks import canonical_mask, check_bootstrap, check_like, check_mask, check_nonnegative_scalar, check_sequence_tensor, require_finite
 from ._scan import as_batch
 
 __all__ = ["kl_penalty", "kl_shaped_rewards", "last_token_onehot", "KL_ESTIMATORS"]
@@ -36,19 +36,39 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         raise ValueError(f"estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
     rho = logprobs - ref_logprobs
     if estimator == "k1":
-        return rho
-    if estimator == "k2":
-        return 0.5 * rho * rho
-    return torch.expm1(-rho) + rho
+        k = rho
+    elif estimator == "k2":
+        k = 0.5 * rho * rho
+    else:
+        k = torch.expm1(-rho) + rho
+    _require_representable(k, estimator, logprobs.dtype)
+    return k
+
+
+def _require_representable(k: torch.Tensor, estimator: str, dtype: torch.dtype) -> None:
+    """Finite log-probabilities whose KL estimate overflows (k3 once rho < -88 in float32) are an error, not an inf."""
+    try:
+        require_finite(k, "k")
+    except ValueError:
+        raise ValueError(
+            f"logprobs - ref_logprobs is too large in magnitude for {estimator} in {dtype}: the estimate overflows "
+            "(k3 = exp(-rho) - 1 + rho needs rho > -88 in float32); use k1, or float64"
+        ) from None
 
 
 def last_token_onehot(mask: torch.Tensor) -> torch.Tensor:
-    """A bool tensor, True at the last True entry of each row of ``mask`` (none for an empty row).
+    """A bool tensor, True at the last valid entry of each row of ``mask`` (none for an empty row).
 
     The slot where the reward-model score belongs: the last *generated* token
-    (EOS), never the first padding slot after it (chapter 3, "where the score goes").
+    (EOS), never the first padding slot after it (chapter 3, "where the score
+    goes"). ``mask`` has shape ``(T,)`` or ``(B, T)`` and is bool or real
+    0/1, as everywhere in the package.
     """
-    m = as_batch(mask)
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dim() not in (1, 2):
+        raise ValueError(f"mask must have shape (T,) or (B, T), got {tuple(mask.shape)}")
+    m = as_batch(canonical_mask(check_mask(mask, mask)))
     T = m.shape[-1]
     out = torch.zeros_like(m)
     if T == 0:
@@ -84,9 +104,14 @@ def kl_shaped_rewards(
     """
     per_token = kl_penalty(logprobs, ref_logprobs, estimator)
     beta = check_nonnegative_scalar(beta, "beta")
-    m = check_mask(mask, logprobs)
+    m = canonical_mask(check_mask(mask, logprobs))
     s = check_bootstrap(score, logprobs, "score")
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     rewards = torch.where(m, -beta * per_token, zero)
     last = last_token_onehot(m)
-    return rewards + torch.where(last, s.unsqueeze(-1), zero)
+    out = rewards + torch.where(last, s.unsqueeze(-1), zero)
+    try:
+        require_finite(out, "rewards")
+    except ValueError:
+        raise ValueError(f"beta times the KL estimate overflows {logprobs.dtype}: lower beta or use float64") from None
+    return out
