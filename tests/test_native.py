@@ -631,3 +631,77 @@ def test_info_when_the_kernel_is_missing(tmp_path):
     rc, lines = _info(code=code)
     assert rc == 0
     assert "not built" in lines["CPU path"] and lines["library"] == "none loaded"
+
+
+# ---------------------------------------------------------------------------
+# the kernel's persistent thread pool: reused, shared between Python threads, safe across fork
+# ---------------------------------------------------------------------------
+
+
+def _pool_batch(seed: int = 11):
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(16, 700, generator=gen)
+    v = torch.randn(16, 700, generator=gen)
+    return r, v, _run_lengths_mask(16, 700, gen, 60)
+
+
+@needs_kernel
+def test_the_pool_is_reused_and_shared_between_python_threads(monkeypatch):
+    import threading
+
+    r, v, mask = _pool_batch()
+    one = valuelab.gae(r, v, mask=mask, gamma=1.0, lam=0.95)  # one thread
+    monkeypatch.setattr(_native, "_PARALLEL_GRAIN", 1)
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(50):  # concurrent callers: one gets the pool, the others run their rows alone
+                out = valuelab.gae(r, v, mask=mask, gamma=1.0, lam=0.95)
+                results.append(torch.equal(out.advantages, one.advantages) and torch.equal(out.returns, one.returns))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a caller hung in the kernel's pool"
+    finally:
+        torch.set_num_threads(torch_threads)
+    assert not errors and len(results) == 200 and all(results)
+
+
+def _child_gae(q) -> None:
+    r, v, mask = _pool_batch()
+    _native._PARALLEL_GRAIN = 1
+    torch.set_num_threads(2)
+    out = valuelab.gae(r, v, mask=mask, gamma=1.0, lam=0.95)
+    q.put((out.advantages.numpy().tobytes(), out.returns.numpy().tobytes()))
+
+
+@needs_kernel
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_a_forked_child_starts_its_own_pool(monkeypatch):
+    import multiprocessing as mp
+
+    r, v, mask = _pool_batch()
+    monkeypatch.setattr(_native, "_PARALLEL_GRAIN", 1)
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expect = valuelab.gae(r, v, mask=mask, gamma=1.0, lam=0.95)  # the parent's pool now has a worker
+    finally:
+        torch.set_num_threads(torch_threads)
+    ctx = mp.get_context("fork")  # the child inherits the pool's state, not its threads
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_gae, args=(q,))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    assert got == (expect.advantages.numpy().tobytes(), expect.returns.numpy().tobytes())

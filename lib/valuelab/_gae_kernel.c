@@ -47,6 +47,7 @@
 #endif
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -133,7 +134,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
 
 #define DEFINE_KERNEL(NAME, T_, V_, W, SCAN)                                                          \
     /* One token of the recursion, t, whose next valid value is vnext; returns its A. Its inputs      \
-       are added to *tail (the finiteness test). */                                                   \
+       and its return are added to *tail (the finiteness test). */                                    \
     INLINE T_ NAME##_step(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t t, T_ vnext,            \
                                  T_ gamma, T_ c, T_ A, T_ *tail) {                                    \
         *tail += r[t];                                                                                \
@@ -146,6 +147,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
             A = r[t] + c * A;                                                                         \
             ret[t] = A;                                                                               \
         }                                                                                             \
+        *tail += ret[t]; /* a non-finite advantage makes its return non-finite (v[t] is finite) */    \
         return A;                                                                                     \
     }                                                                                                 \
     /* One valid run [s, e) of one row; *A_io and *nv_io carry in and out. */                         \
@@ -157,7 +159,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         T_ tail = 0; /* the sum of the inputs of the tokens done one by one */                        \
         T_ A = NAME##_step(r, v, adv, ret, t, *nv_io, gamma, c, *A_io, &tail);                        \
         const V_ zero = {0};                                                                          \
-        V_ sum = zero; /* of the inputs read: finite iff they are (or they overflow) */               \
+        V_ sum = zero; /* of the inputs read and the returns written: finite iff they are (or the sum overflows) */ \
         for (; t - 2 * W >= s; t -= 2 * W) { /* two vectors: p .. p + W - 1 (lo), p + W .. (hi) */    \
             int64_t p = t - 2 * W;                                                                    \
             V_ xl, xh, vl = zero, vh = zero, vnl, vnh; /* vl, vh: read only when v */                 \
@@ -187,6 +189,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
             }                                                                                         \
             memcpy(ret + p, &xl, sizeof(V_));                                                         \
             memcpy(ret + p + W, &xh, sizeof(V_));                                                     \
+            sum = sum + (xl + xh);                                                                    \
         }                                                                                             \
         for (; t - W >= s; t -= W) { /* tokens p .. p + W - 1, all followed by a valid token */       \
             int64_t p = t - W;                                                                        \
@@ -207,6 +210,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
                 x = x + vv;                                                                           \
             }                                                                                         \
             memcpy(ret + p, &x, sizeof(V_));                                                          \
+            sum = sum + x;                                                                            \
         }                                                                                             \
         for (--t; t >= s; --t) /* the run's first tokens, fewer than W */                             \
             A = NAME##_step(r, v, adv, ret, t, v ? v[t + 1] : (T_)0, gamma, c, A, &tail);             \
@@ -225,8 +229,8 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         for (; s < e; ++s) sum[0] += x[s];                                                            \
         *acc = *acc + sum;                                                                            \
     }                                                                                                 \
-    /* Rows b0 .. b1 - 1. Returns 1 if the sum of all their inputs (r, v, masked or not) is finite.   \
-       One clone per target (CLONES); everything above is inlined into each. */                       \
+    /* Rows b0 .. b1 - 1. Returns 1 if the sum of their inputs (r, v, masked or not) and returns is    \
+       finite. One clone per target (CLONES); everything above is inlined into each. */                       \
     CLONES static int NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot,         \
                                   T_ *adv, T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1) { \
         V_ acc = {0};                                                                                 \
@@ -295,16 +299,161 @@ static void *run_job(void *arg) {
 }
 
 #define MAX_THREADS 64
+#define MAX_CHUNKS 64 /* of rows, per call */
+
+/*
+ * A persistent pool of worker threads that *help*. Starting a thread costs
+ * tens of microseconds to a millisecond on a small VM, and waking a sleeping
+ * one tens to a hundred -- as much as the whole scan of a 64 x 4096 batch.
+ * So the rows are cut into chunks, and the caller's thread starts on them
+ * at once, claiming one chunk after another from a shared counter; a worker
+ * that is awake (spinning after a previous call: back-to-back calls) claims
+ * chunks too, and one that wakes late finds none left. A call is never
+ * slower than on one thread by more than the wake-up call itself.
+ *
+ * - The counter is one 64-bit word: (generation << 32) | (chunks << 16) |
+ *   next. A claim is a compare-and-swap that succeeds only within the
+ *   current generation (one per call), so a late worker can never take a
+ *   chunk of another call; the caller returns only when every chunk of its
+ *   call is done (pool_done counts them), so its jobs outlive every claim.
+ * - One call at a time uses the pool: a caller that finds it busy (another
+ *   Python thread is in valuelab_scan) runs all its rows itself.
+ * - Worker id helps only when id < the call's thread count.
+ * - Fork: the child has none of the parent's threads; pthread_atfork resets
+ *   the pool there, and the child's first call starts its own workers.
+ * - A worker that cannot be started is simply not there.
+ * Rows are independent, so the result does not depend on who scanned them.
+ */
+static pthread_mutex_t pool_busy = PTHREAD_MUTEX_INITIALIZER; /* held by the one calling thread */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;   /* guards the condition variables */
+static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t pool_finished = PTHREAD_COND_INITIALIZER;
+static int pool_size;                       /* workers started (ids 1 .. pool_size) */
+static job_t *pool_jobs;                    /* this call's chunks */
+static int pool_helpers;                    /* this call's thread count - 1 */
+static _Atomic unsigned long long pool_state; /* generation, chunk count, next chunk */
+static _Atomic int pool_done;               /* chunks of this call finished */
+static _Atomic int pool_sleepers;           /* workers asleep on pool_wake */
+static int pool_fork_handler;               /* pthread_atfork registered */
+
+#define SPIN 4000 /* polls before a worker sleeps, or the caller waits: tens of microseconds */
+#define GEN(s) ((unsigned)((s) >> 32))
+#define CHUNKS(s) ((int)(((s) >> 16) & 0xFFFF))
+#define NEXT(s) ((int)((s)&0xFFFF))
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void pool_after_fork_in_child(void) {
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    pool_busy = m;
+    pool_mu = m;
+    pool_wake = cv;
+    pool_finished = cv;
+    pool_size = 0;
+    pool_jobs = NULL;
+    atomic_store(&pool_state, 0);
+    atomic_store(&pool_done, 0);
+    atomic_store(&pool_sleepers, 0);
+}
+
+/* Claim and run chunks of generation gen until none is left; returns how many were run here. */
+static int pool_claim(unsigned gen) {
+    int ran = 0;
+    unsigned long long s = atomic_load_explicit(&pool_state, memory_order_acquire);
+    while (GEN(s) == gen && NEXT(s) < CHUNKS(s)) {
+        if (atomic_compare_exchange_weak_explicit(&pool_state, &s, s + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            run_job(&pool_jobs[NEXT(s)]);
+            ++ran;
+            if (atomic_fetch_add_explicit(&pool_done, 1, memory_order_acq_rel) + 1 == CHUNKS(s)) {
+                pthread_mutex_lock(&pool_mu);
+                pthread_cond_signal(&pool_finished);
+                pthread_mutex_unlock(&pool_mu);
+            }
+            s = atomic_load_explicit(&pool_state, memory_order_acquire);
+        }
+    }
+    return ran;
+}
+
+static void *pool_worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    unsigned seen = GEN(atomic_load_explicit(&pool_state, memory_order_acquire));
+    for (;;) {
+        unsigned g = seen;
+        for (int k = 0; k < SPIN && (g = GEN(atomic_load_explicit(&pool_state, memory_order_acquire))) == seen; ++k)
+            cpu_relax();
+        if (g == seen) {
+            pthread_mutex_lock(&pool_mu);
+            atomic_fetch_add(&pool_sleepers, 1);
+            while ((g = GEN(atomic_load(&pool_state))) == seen) /* seq_cst: pairs with pool_run's store */
+                pthread_cond_wait(&pool_wake, &pool_mu);
+            atomic_fetch_sub(&pool_sleepers, 1);
+            pthread_mutex_unlock(&pool_mu);
+        }
+        seen = g;
+        if (id <= pool_helpers) pool_claim(g); /* pool_helpers is this call's: written before the generation */
+    }
+    return NULL;
+}
+
+/* Start workers until there are `want` (or starting one fails). Called with pool_busy held. */
+static void pool_grow(int want) {
+    if (!pool_fork_handler) {
+        pthread_atfork(NULL, NULL, pool_after_fork_in_child);
+        pool_fork_handler = 1;
+    }
+    while (pool_size < want && pool_size + 1 < MAX_THREADS) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 1 << 18); /* the kernel needs a few KiB of stack */
+        int ok = pthread_create(&th, &attr, pool_worker, (void *)(intptr_t)(pool_size + 1)) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) break;
+        ++pool_size;
+    }
+}
+
+/* Run the n chunks jobs[0 .. n-1] with up to `helpers` workers. Called with pool_busy held. */
+static void pool_run(job_t *jobs, int n, int helpers) {
+    unsigned gen = GEN(atomic_load_explicit(&pool_state, memory_order_relaxed)) + 1;
+    pool_jobs = jobs;
+    pool_helpers = helpers;
+    atomic_store_explicit(&pool_done, 0, memory_order_relaxed);
+    /* seq_cst store, then seq_cst load of the sleepers: a worker going to sleep either sees this
+       generation or is counted here (and then waits on pool_wake under pool_mu before we broadcast) */
+    atomic_store(&pool_state, ((unsigned long long)gen << 32) | ((unsigned long long)n << 16));
+    if (atomic_load(&pool_sleepers) > 0) { /* a syscall only when some worker sleeps */
+        pthread_mutex_lock(&pool_mu);
+        pthread_cond_broadcast(&pool_wake);
+        pthread_mutex_unlock(&pool_mu);
+    }
+    pool_claim(gen);
+    for (int k = 0; k < SPIN && atomic_load_explicit(&pool_done, memory_order_acquire) < n; ++k) cpu_relax();
+    if (atomic_load_explicit(&pool_done, memory_order_acquire) < n) {
+        pthread_mutex_lock(&pool_mu);
+        while (atomic_load_explicit(&pool_done, memory_order_acquire) < n) pthread_cond_wait(&pool_finished, &pool_mu);
+        pthread_mutex_unlock(&pool_mu);
+    }
+}
 
 /*
  * The entry point. r, v (or NULL), adv (unused when v is NULL), ret: (B, T)
  * row-major float32 (f64 = 0) or float64 (f64 = 1); m: (B, T) bytes or NULL
  * (all valid), a token valid iff its byte is nonzero (so a bool tensor
  * holding bytes other than 0/1 reads as byte != 0); boot: (B,) or NULL (0).
- * gamma and c are rounded to the dtype here. Rows are split over nthreads threads (the caller's thread is
- * one of them). Returns 1 if the sum of every input entry (r and v, masked
- * or not) is finite, else 0: then an entry is NaN or infinite, or the sum
- * overflowed, and the caller checks the inputs entry by entry.
+ * gamma and c are rounded to the dtype here. Rows are shared by the
+ * caller's thread and up to nthreads - 1 pool workers (above). Returns 1 if the sum
+ * of every input entry (r and v, masked or not) and every return written is
+ * finite, else 0: then an entry is NaN or infinite, a return overflowed, or
+ * only the sum overflowed; the caller checks entry by entry.
  */
 int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *boot, void *adv, void *ret,
                   int64_t B, int64_t T, double gamma, double c, int f64, int nthreads) {
@@ -312,19 +461,23 @@ int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *bo
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
     if (nthreads > B) nthreads = (int)B;
     if (nthreads < 1) nthreads = 1;
-    job_t jobs[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int64_t per = (B + nthreads - 1) / nthreads;
-    int n = 0;
+    if (nthreads == 1 || pthread_mutex_trylock(&pool_busy) != 0) { /* alone, or the pool is busy */
+        job_t all = {r, v, m, boot, adv, ret, T, 0, B, gamma, c, f64, 0};
+        run_job(&all);
+        return all.finite;
+    }
+    /* chunks of rows: a few per thread, so that a worker that joins late still takes a share */
+    int n = B < MAX_CHUNKS ? (int)B : MAX_CHUNKS;
+    int64_t per = (B + n - 1) / n;
+    job_t jobs[MAX_CHUNKS];
+    n = 0;
     for (int64_t b0 = 0; b0 < B; b0 += per) {
         job_t j = {r, v, m, boot, adv, ret, T, b0, b0 + per < B ? b0 + per : B, gamma, c, f64, 0};
         jobs[n++] = j;
     }
-    int started = 0; /* threads 1 .. started run; the rest (if creation failed) run here */
-    for (int i = 1; i < n && pthread_create(&threads[i], NULL, run_job, &jobs[i]) == 0; ++i) started = i;
-    run_job(&jobs[0]);
-    for (int i = 1; i <= started; ++i) pthread_join(threads[i], NULL);
-    for (int i = started + 1; i < n; ++i) run_job(&jobs[i]);
+    pool_grow(nthreads - 1);
+    pool_run(jobs, n, nthreads - 1);
+    pthread_mutex_unlock(&pool_busy);
     int finite = 1;
     for (int i = 0; i < n; ++i) finite &= jobs[i].finite;
     return finite;

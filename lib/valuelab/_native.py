@@ -206,12 +206,21 @@ def disabled() -> Iterator[None]:
         _enabled = previous
 
 
-_PARALLEL_GRAIN = 1 << 21  # elements per thread: starting one costs ~60 µs on a small VM
+_PARALLEL_GRAIN = 1 << 16  # elements per thread: tens of microseconds of work
 
 
 def threads_for(numel: int) -> int:
-    """Threads the kernel uses for ``numel`` elements: one per ``_PARALLEL_GRAIN``, at most torch's."""
+    """Threads the kernel may use for ``numel`` elements: one per ``_PARALLEL_GRAIN``, at most torch's.
+
+    The caller's thread and up to ``threads_for - 1`` workers of a persistent
+    pool inside the kernel (started on first use, then reused) share the
+    rows, chunk by chunk: a worker that is awake -- back-to-back calls --
+    halves the time on two cores, one that wakes late finds no chunk left
+    (``valuelab_scan`` in ``_gae_kernel.c``). Rows are independent, so the
+    result is the same bits whoever scans them.
+    """
     return max(1, min(torch.get_num_threads(), numel // _PARALLEL_GRAIN))
+
 
 
 # ---------------------------------------------------------------------------
@@ -340,10 +349,11 @@ def scan(
     storage, raises :class:`TypeError` or :class:`ValueError` naming the
     argument; views (negative, conjugate, strided) and zero tensors are
     resolved into dense copies. ``finite`` is False when the sum of all
-    entries of ``rewards`` and ``values`` (masked ones included), taken
-    during the same pass, is not finite: an entry is NaN or infinite (the
-    caller must then check them one by one and raise) or finite entries
-    overflowed.
+    entries of ``rewards`` and ``values`` (masked ones included) and of the
+    returns written, taken during the same pass, is not finite: an input is
+    NaN or infinite, a return overflowed (a non-finite advantage makes its
+    return non-finite too), or only the sum overflowed; the caller then
+    checks entry by entry (:func:`valuelab._problem.check_outputs`).
 
     None is returned for non-CPU ``rewards`` (a GPU takes the PyTorch path),
     for tensors C cannot read (tensor subclasses, tensors under

@@ -175,8 +175,7 @@ def solve(p: Problem, general: Callable[[Problem], Pair]) -> Pair:
         c = decay(p.gamma, lam, p.rewards.dtype, p.values is not None)
         native = _native.scan(p.rewards, p.values, p.mask, p.gamma, c, p.bootstrap)
         if native is not None:
-            adv, ret, finite = native  # finite: the sum of every input the kernel saw
-            finite = None if finite else False  # XXX outputs: summed in Python until the kernel does it
+            adv, ret, finite = native  # finite: the sum of every input read and every return written
         else:
             adv, ret = fused_returns(p.rewards, p.values, p.torch_mask(), p.gamma, lam, p.bootstrap)
     check_outputs(p, {"returns": ret, "advantages": adv}, finite)
