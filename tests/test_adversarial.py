@@ -80,6 +80,16 @@ def test_nstep_gradients_for_every_n(n, mask):
     _check(lambda r, v: vl.nstep_returns(r, v, n, mask=mask, gamma=0.9), r, v)
 
 
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+def test_decoupled_gae_and_length_adaptive_lam_gradients(mask, cpu_path):
+    r, v, b, gs, ls = _data()
+    _check(lambda r, v, b: vl.decoupled_gae(r, v, mask=mask, gamma=0.9, lam_actor=0.8, lam_critic=1.0, bootstrap=b), r, v, b)
+    _check(lambda g, la: vl.decoupled_gae(r, v, mask=mask, gamma=g, lam_actor=la, lam_critic=0.97), gs, ls[:, :1])
+    lengths = torch.tensor([40.0, 120.0], dtype=D)  # alpha * l > 1: inside (0, 1), where lambda is smooth
+    _check(lambda l: vl.length_adaptive_lam(l, alpha=0.05), lengths)
+    _check(lambda l: vl.gae(r, v, mask=mask, gamma=0.99, lam=vl.length_adaptive_lam(l, alpha=0.05)), lengths)
+
+
 def test_long_rows_take_the_blocked_forms_and_keep_their_gradients(cpu_path):
     # T = 150 crosses the one-block limit of the Toeplitz form (128) and the doubling block (32)
     r, v, b, gs, ls = _data(B=1, T=150, seed=3)
