@@ -686,7 +686,9 @@ def _child_gae(q) -> None:
 
 @needs_kernel
 @pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
-def test_a_forked_child_starts_its_own_pool(monkeypatch):
+def test_a_forked_child_gets_the_same_bits(monkeypatch):
+    # the child has none of the parent's workers: its calls must neither hang nor differ (a call whose
+    # helpers never come scans every chunk on its own thread; pthread_atfork gives the child fresh ones)
     import multiprocessing as mp
 
     r, v, mask = _pool_batch()
