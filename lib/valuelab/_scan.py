@@ -151,7 +151,7 @@ def compact(p: Problem) -> Prepared:
 
 
 def prepare(rewards, values, mask, gamma, bootstrap, *, need_values: bool) -> Prepared:
-    """Validate (every check, finiteness included) and compact: the general path's start."""
+    """Validate (every check, finiteness included) and compact in one call: a shortcut for tests and notebooks."""
     p = validate(rewards, values, mask, gamma, bootstrap, need_values=need_values)
     p.check_finite()
     return compact(p)
