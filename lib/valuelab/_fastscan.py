@@ -76,15 +76,13 @@ import torch
 
 from ._blocked import fused_returns
 from ._checks import traced
-from ._doubling import BLOCK_STEP as _BLOCK_STEP
 from ._doubling import affine_scan as _affine_scan
 from ._masks import compaction_index, float_mask, right_padded_rows, valid_first_order
 from ._nstep import fast_nstep_returns
-from ._toeplitz import BASE as _BASE
-from ._toeplitz import BLOCK as _BLOCK
+from ._toeplitz import BASE as _BASE  # noqa: F401  (chapter 9 glues the block sizes)
+from ._toeplitz import BLOCK as _BLOCK  # noqa: F401
 from ._toeplitz import toeplitz_scan as _toeplitz_scan
 from ._workspace import clear_scratch
-from ._workspace import scratch as _scratch
 
 __all__ = [
     "fast_backward_scan",

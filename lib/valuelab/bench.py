@@ -403,7 +403,7 @@ def keep_freed_memory() -> bool:
     fault per 4 KiB (about 2 microseconds on the benchmark's VM, i.e. 0.5 ms
     per MB, ten times the arithmetic). ``valuelab.gae`` has no intermediate
     tensors on the C kernel's path and keeps them in reused scratch buffers
-    on the PyTorch path (``valuelab._fastscan._scratch``), so only its two
+    on the PyTorch path (``valuelab._workspace.scratch``), so only its two
     fresh outputs can fault, and whether they do depends on
     glibc's heuristics and on what else the process allocates (the ``faults``
     column shows it). Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``
