@@ -17,6 +17,7 @@ module                 what                                                   ch
 ``critic``             tabular and tiny GRU critics, refresh-then-fit loop    7
 ``pretrain``           value pretraining (critic warm-up)                     10
 ``runtime``            device choice (cuda, else cpu) and seeding             all
+``stats``              confidence intervals over seeds (mean, paired)         7, 8, 10
 ``bench``              the GAE benchmark (``python -m valuelab.bench``)       9
 =====================  =====================================================  ==========
 
@@ -50,6 +51,7 @@ from .losses import masked_mean, masked_whiten, value_loss
 from .returns import discounted_returns, nstep_returns, td_targets
 from .rewards import kl_penalty, kl_shaped_rewards, last_token_onehot
 from .runtime import pick_device, seed_everything
+from .stats import Interval, mean_ci, paired_ci
 
 __version__ = "0.1.0"
 
@@ -71,4 +73,7 @@ __all__ = [
     "value_loss",
     "pick_device",
     "seed_everything",
+    "Interval",
+    "mean_ci",
+    "paired_ci",
 ]

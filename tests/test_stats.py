@@ -1,0 +1,69 @@
+"""valuelab.stats: the t quantile against SciPy, the intervals against their definition, bad input named."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import valuelab as vl
+from valuelab.stats import t_quantile
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 5, 7, 9, 19, 30, 99])
+@pytest.mark.parametrize("p", [0.5, 0.8, 0.9, 0.95, 0.975, 0.995, 0.9995])
+def test_t_quantile_matches_scipy(p, df):
+    assert t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), rel=1e-7, abs=1e-9)
+
+
+def test_mean_ci_is_the_t_interval():
+    rng = np.random.default_rng(0)
+    x = rng.normal(1.0, 2.0, size=12)
+    ci = vl.mean_ci(x, level=0.9)
+    half = scipy_stats.t.ppf(0.95, 11) * x.std(ddof=1) / math.sqrt(12)
+    assert ci.mean == pytest.approx(x.mean())
+    assert ci.half == pytest.approx(half, rel=1e-7)
+    assert (ci.lo, ci.hi) == pytest.approx((x.mean() - half, x.mean() + half), rel=1e-7)
+    assert ci.n == 12 and ci.level == 0.9
+    assert ci.fmt(2) == f"{x.mean():.2g} ± {half:.2g}"
+
+
+def test_coverage_over_many_experiments():
+    """About 95% of 95% intervals from n = 8 normal samples cover the true mean (binomial margin)."""
+    rng = np.random.default_rng(1)
+    cover = []
+    for _ in range(2000):
+        ci = vl.mean_ci(rng.normal(3.0, 1.0, size=8))
+        cover.append(ci.lo <= 3.0 <= ci.hi)
+    assert abs(np.mean(cover) - 0.95) < 0.015
+
+
+def test_paired_ci_is_the_interval_of_differences():
+    a = torch.tensor([1.0, 2.0, 3.5, 4.0, 2.2], dtype=torch.float64)
+    b = a - torch.tensor([0.1, 0.3, 0.2, 0.25, 0.15], dtype=torch.float64)
+    ci = vl.paired_ci(a, b)
+    ref = vl.mean_ci((a - b).numpy())
+    assert ci == ref
+    assert ci.excludes_zero() and ci.lo > 0
+
+
+@pytest.mark.parametrize("bad,match", [([1.0], "at least 2"), ([[1.0, 2.0]], "1-D"), ([1.0, float("nan")], "finite"),
+                                       ("ab", "1-D|numbers")])
+def test_bad_samples_are_named(bad, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        vl.mean_ci(bad)
+
+
+def test_bad_level_and_pairs():
+    with pytest.raises(ValueError, match="level"):
+        vl.mean_ci([1.0, 2.0], level=1.0)
+    with pytest.raises(ValueError, match="pair up"):
+        vl.paired_ci([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="df"):
+        t_quantile(0.9, 0)
+    with pytest.raises(ValueError, match="p must"):
+        t_quantile(0.2, 3)
