@@ -9,38 +9,53 @@ STAMP      := $(VENV)/.installed
 
 .PHONY: test unit nbval book execute mathjax clean
 MATHJAX    := .cache/node_modules/mathjax/es5/tex-chtml.js
+BOOK       := _build/html/.built
+BOOK_SOURCES := $(wildcard chapters/*.ipynb chapters/data/* *.md lib/valuelab/*.py _ext/*.py) \
+                _config.yml _toc.yml references.bib
 
 # The editable install also builds the C kernel (setup.py) into lib/valuelab: redone when its source changes.
 $(STAMP): requirements.txt pyproject.toml setup.py lib/valuelab/_gae_kernel.c
+	@echo "==> [1/4] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@echo "==> [2/4] installing $(TORCH_SPEC) (under a minute for the CPU wheel; README: choosing the torch wheel)"
 	$(BIN)/pip install --quiet $(TORCH_SPEC)
+	@echo "==> [3/4] installing requirements.txt (jupyter-book, sympy, nbval, ...: about a minute)"
 	$(BIN)/pip install --quiet -r requirements.txt
+	@echo "==> [4/4] installing valuelab (editable; builds the C kernel when a C compiler is present)"
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@$(BIN)/python -m valuelab info | grep "CPU path"
 	touch $(STAMP)
 
-## make test: unit tests, every chapter under strict nbval, and the -W book build.
-test: unit nbval book
+## make test: the book build (zero warnings), the unit tests (the page test reads that build), every chapter
+## under strict nbval. The book is built once: a later `make book` with nothing changed does nothing.
+test: book unit nbval
 
-unit: $(STAMP) mathjax
-	$(BIN)/python -m pytest -q tests
+unit: $(STAMP) mathjax $(BOOK)
+	@echo "==> unit tests, the mutation test and the page test (a few minutes)"
+	BOOK_HTML=_build/html $(BIN)/python -m pytest -q tests
 
-## make mathjax: a local MathJax for the offline browser test (tests/test_browser.py), from npm.
+## make mathjax: a local MathJax from npm: the book build serves it (offline math), the page test needs it.
 mathjax: $(MATHJAX)
 $(MATHJAX):
 	@if command -v npm >/dev/null 2>&1; then \
+	  echo "==> npm install mathjax@3 into .cache (offline math for the book)"; \
 	  mkdir -p .cache && npm install --prefix .cache --no-audit --no-fund --silent mathjax@3; \
-	else echo "npm not found: tests/test_browser.py will be skipped"; fi
+	else echo "npm not found: the book loads MathJax from a CDN and tests/test_browser.py is skipped"; fi
 
 nbval: $(STAMP)
+	@echo "==> every chapter under strict nbval (about 3 minutes)"
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg chapters
 
-## make book: build the HTML book into _build/html (zero warnings allowed).
-book: $(STAMP)
+## make book: build the HTML book into _build/html (zero warnings allowed), when a source changed.
+book: $(BOOK)
+$(BOOK): $(STAMP) $(BOOK_SOURCES) | mathjax
+	@echo "==> building the book into _build/html (about a minute)"
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . -W -n --keep-going
+	touch $(BOOK)
 
 ## make execute: re-run every chapter in a fresh kernel and store the outputs.
 execute: $(STAMP)

@@ -62,3 +62,70 @@ def test_chapter_follows_the_template(path):
     solutions = re.findall(r"[`:]{3}\{solution\}", md)
     assert len(exercises) >= 2, f"{path.name}: needs at least two exercises"
     assert len(solutions) >= len(exercises), f"{path.name}: every exercise needs a solution"
+
+
+def proposition_blocks(markdown: str) -> list[tuple[str, str, str]]:
+    """(label, title, body) of each ```{prf:proposition} block, nested ``` or ::: fences inside included."""
+    out, lines, i = [], markdown.split("\n"), 0
+    while i < len(lines):
+        head = re.match(r"(`{3,})\{prf:proposition\}\s*(.*)$", lines[i])
+        if not head:
+            i += 1
+            continue
+        fence, title, body, depth = head.group(1), head.group(2), [], 0
+        i += 1
+        while i < len(lines):
+            line = lines[i]
+            if re.match(r"`{3,}[^`\s]", line):
+                depth += 1  # a nested directive or code block opens
+            elif re.fullmatch(r"`{3,}\s*", line):
+                if depth == 0 and line.strip() == fence:
+                    break
+                depth -= 1
+            body.append(line)
+            i += 1
+        label = next((m.group(1) for m in map(re.compile(r":label: (prop-[\w-]+)").match, body) if m), "")
+        text = "\n".join(b for b in body if not b.startswith(":label:"))
+        out.append((label, title.strip(), text))
+        i += 1
+    return out
+
+
+STATUS = re.compile(r"\*Status: (proved symbolically, in general|checked on an instance|"
+                    r"proved in the text; checked numerically) \(.+\)\.?\*\s*$", re.S)
+KIND = {"proved symbolically, in general": "general", "checked on an instance": "instance",
+        "proved in the text; checked numerically": "numerically"}
+
+
+def propositions() -> dict[str, tuple[str, str]]:
+    """label -> (chapter file, status kind) for every {prf:proposition} of every chapter."""
+    found = {}
+    for path in CHAPTERS:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for cell in nb["cells"]:
+            if cell["cell_type"] != "markdown":
+                continue
+            for label, _, body in proposition_blocks("".join(cell["source"])):
+                last = body.strip().split("\n\n")[-1]
+                m = STATUS.match(last.strip())
+                found[label] = (path.name, KIND[m.group(1)] if m else "")
+    return found
+
+
+def test_every_proposition_says_how_it_is_checked():
+    """The last paragraph of each proposition is its status: proved in general, on an instance, or numerically."""
+    props = propositions()
+    assert len(props) >= 20
+    missing = sorted(f"{chapter}: {label}" for label, (chapter, kind) in props.items() if not kind)
+    assert not missing, "propositions without a '*Status: ...*' line:\n" + "\n".join(missing)
+
+
+def test_introduction_lists_every_proposition_with_its_status():
+    """intro.md's table has one row per proposition, with the same status word as the chapter."""
+    intro = (ROOT / "intro.md").read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\|[^\n]*\{prf:ref\}`(prop-[\w-]+)`[^\n]*\|\s*(\w+)\s*\|\s*$",
+                                                      intro, re.M)}
+    props = propositions()
+    assert set(rows) == set(props), (sorted(set(props) - set(rows)), sorted(set(rows) - set(props)))
+    wrong = {label: (rows[label], kind) for label, (_, kind) in props.items() if rows[label] != kind}
+    assert not wrong, wrong

@@ -67,3 +67,18 @@ def test_bad_level_and_pairs():
         t_quantile(0.9, 0)
     with pytest.raises(ValueError, match="p must"):
         t_quantile(0.2, 3)
+
+
+def test_pm_fixed_decimals_and_bad_input():
+    ci = vl.mean_ci([1.0, 2.0, 3.0, 4.0])
+    assert vl.stats.pm(ci, 3) == f"{ci.mean:.3f} ± {ci.half:.3f}"
+    assert vl.stats.pm(ci) == f"{ci.mean:.2f} ± {ci.half:.2f}"
+    with pytest.raises(TypeError, match="ci must"):
+        vl.stats.pm((1.0, 0.1))
+    with pytest.raises(ValueError, match="decimals"):
+        vl.stats.pm(ci, -1)
+
+
+def test_pm_never_prints_negative_zero():
+    ci = vl.mean_ci([-0.0001, 0.0, 0.00005])
+    assert vl.stats.pm(ci, 2).startswith("0.00 ± ")

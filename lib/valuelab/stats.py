@@ -31,7 +31,7 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-__all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci"]
+__all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "pm"]
 
 ArrayLike = Union[Sequence[float], np.ndarray, torch.Tensor]
 
@@ -137,3 +137,15 @@ def paired_ci(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Interval:
     if xa.size != xb.size:
         raise ValueError(f"a and b must pair up seed by seed: {xa.size} runs against {xb.size}")
     return mean_ci(xa - xb, level)
+
+
+def pm(ci: Interval, decimals: int = 2) -> str:
+    """``"mean ± half"`` with ``decimals`` fixed decimals: how chapters 7, 8 and 10 glue an interval into prose.
+
+    A mean that rounds to zero prints as ``0.00``, never ``-0.00``.
+    """
+    if not isinstance(ci, Interval):
+        raise TypeError(f"ci must be an Interval (from mean_ci or paired_ci), got {type(ci).__name__}")
+    if isinstance(decimals, bool) or not isinstance(decimals, int) or decimals < 0:
+        raise ValueError(f"decimals must be an integer >= 0, got {decimals!r}")
+    return f"{round(ci.mean, decimals) + 0.0:.{decimals}f} ± {ci.half:.{decimals}f}"
