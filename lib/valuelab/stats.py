@@ -73,7 +73,7 @@ def _t_cdf_upper_half(q: float, df: int, pieces: int = 2048) -> float:
 
 @lru_cache(maxsize=256)
 def t_quantile(p: float, df: int) -> float:
-    """The ``p``-quantile of Student's t with ``df`` degrees of freedom, for ``0.5 <= p < 1`` (used by :func:`mean_ci`).
+    """The ``p``-quantile of Student's t with ``df`` degrees of freedom, for ``0.5 <= p < 1`` (used by :func:`valuelab.mean_ci`).
 
     Solves ``1/2 + P(0 <= X <= q) = p`` by bisection to 1e-10; accurate to
     about 1e-8 against ``scipy.stats.t.ppf`` for ``df >= 1`` and
