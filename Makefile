@@ -7,10 +7,10 @@ TORCH_SPEC ?= torch==2.13.0
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.installed
 
-.PHONY: test unit nbval book execute mathjax clean
+.PHONY: test unit nbval book colab execute mathjax clean
 MATHJAX    := .cache/node_modules/mathjax/es5/tex-chtml.js
 BOOK       := _build/html/.built
-BOOK_SOURCES := $(wildcard chapters/*.ipynb chapters/data/* *.md lib/valuelab/*.py _ext/*.py) \
+BOOK_SOURCES := $(wildcard chapters/*.ipynb *.md lib/valuelab/*.py lib/valuelab/data/* _ext/*.py _static/*) \
                 _config.yml _toc.yml references.bib
 
 # The editable install also builds the C kernel (setup.py) into lib/valuelab: redone when its source changes.
@@ -56,6 +56,11 @@ $(BOOK): $(STAMP) $(BOOK_SOURCES) | mathjax
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	touch $(BOOK)
+
+## make colab: every chapter in a clean venv with only what Colab ships plus valuelab[book], each from a folder
+## holding only its notebook (tools/colab_sim.py; about 8 minutes; CI runs it after make test).
+colab: $(STAMP)
+	$(BIN)/python tools/colab_sim.py --torch-spec "$(TORCH_SPEC)"
 
 ## make execute: re-run every chapter in a fresh kernel and store the outputs.
 execute: $(STAMP)

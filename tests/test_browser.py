@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -124,14 +125,48 @@ return {
 };
 """
 
+# Display equations against the text column: the typeset width plus the equation number must fit the
+# math block's box; where it does not (a phone), the block must scroll sideways, not be cut.
+LAYOUT = """
+const out = [];
+document.querySelectorAll("main div.math").forEach((div, k) => {
+  const math = div.querySelector("mjx-container > mjx-math") || div.querySelector("mjx-container");
+  if (!math) return;
+  const eqno = div.querySelector(".eqno");
+  const need = math.getBoundingClientRect().width + (eqno ? eqno.getBoundingClientRect().width : 0);
+  const have = div.clientWidth;
+  let scroll = false;
+  for (let e = div; e && e.tagName !== "MAIN"; e = e.parentElement) {
+    const o = getComputedStyle(e).overflowX;
+    if (o === "auto" || o === "scroll") { scroll = true; break; }
+  }
+  if (need > have + 1) out.push({k, need: Math.round(need), have: Math.round(have), scroll,
+                                 label: eqno ? eqno.textContent.trim() : div.textContent.slice(0, 40)});
+});
+return out;
+"""
 
+VISIBLE_CODE = """
+return [...document.querySelectorAll("main .cell_input, main div.highlight")]
+  .filter(e => e.offsetParent !== null)
+  .map(e => e.innerText);
+"""
+
+
+WIDTHS = {"desktop": 1280, "phone": 390}
+RAW_TEX = re.compile(r"\\(?:frac|sum|mathbb|mathrm|hat|left|right|gamma|lambda|delta|qquad|quad|le|ge|text|begin|end)\b"
+                     r"|\$[^$\n]{2,}\$")
+
+
+@pytest.mark.parametrize("width", list(WIDTHS))
 @pytest.mark.parametrize("page", _toc_pages())
-def test_page_renders(site, browser, page):
+def test_page_renders(site, browser, page, width):
+    browser.set_window_size(WIDTHS[width], 1600)
     browser.get(f"{site}/{page}.html")
     status = browser.execute_async_script(WAIT_FOR_MATHJAX)
     info = browser.execute_script(INSPECT)
     SHOTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SHOTS / (page.replace("/", "__") + ".png")))
+    browser.save_screenshot(str(SHOTS / (page.replace("/", "__") + f"-{width}.png")))
     assert all("_static/mathjax/" in src and "://" not in src for src in info["mathjaxSrc"]), (
         f"{page}: MathJax not served by the book itself: {info['mathjaxSrc']}")
     if info["hasMathMarkup"]:
@@ -141,4 +176,14 @@ def test_page_renders(site, browser, page):
     assert not info["undefinedMacros"], f"{page}: undefined TeX macros {info['undefinedMacros'][:5]}"
     for raw in ("$$", "\\(", "\\)", "\\[", "\\begin{"):
         assert raw not in info["text"], f"{page}: raw TeX {raw!r} left in the page"
+    raw_tex = RAW_TEX.findall(info["text"])
+    assert not raw_tex, f"{page}: raw TeX in the visible text: {raw_tex[:5]}"
     assert not info["broken"], f"{page}: images failed to load: {info['broken']}"
+    wide = browser.execute_script(LAYOUT)
+    if width == "desktop":
+        assert not wide, f"{page}: display equations wider than the column at 1280 px: {wide}"
+    else:
+        cut = [w for w in wide if not w["scroll"]]
+        assert not cut, f"{page}: display equations cut on a phone (no horizontal scroll): {cut}"
+    shown = [c for c in browser.execute_script(VISIBLE_CODE) if "glue(" in c]
+    assert not shown, f"{page}: a code cell showing glue(...) calls to the reader: {shown[0][:200]!r}"

@@ -59,7 +59,9 @@ def test_chapter_follows_the_template(path):
     assert re.match(r"\(ch-[\w-]+\)=", "".join(nb["cells"][0]["source"])), f"{path.name}: first cell must open with a (ch-...)= label"
     assert "import valuelab" in "".join("".join(c["source"]) for c in code), f"{path.name}: chapters use valuelab"
     exercises = re.findall(r"```\{exercise\}", md) + re.findall(r":::\{exercise\}", md)
-    solutions = re.findall(r"[`:]{3}\{solution\}", md)
+    solutions = re.findall(r"[`:]{3}\{solution(?:-start)?\}", md)
+    assert len(re.findall(r"\{solution-start\}", md)) == len(re.findall(r"\{solution-end\}", md)), (
+        f"{path.name}: every solution-start needs its solution-end")
     assert len(exercises) >= 2, f"{path.name}: needs at least two exercises"
     assert len(solutions) >= len(exercises), f"{path.name}: every exercise needs a solution"
 

@@ -4,7 +4,7 @@ Prints the valuelab and torch versions, the CPU path in use
 (:func:`valuelab._native.status`: the C kernel and the code it runs, or the
 PyTorch block scan and why), the file the kernel was loaded from, and the
 kernel's vector width W per dtype (:func:`valuelab._native.lanes`, the W of
-``(eq-fast-vector-scan)``). Exits 0 whichever path it is.
+:eq:`eq-fast-vector-scan`). Exits 0 whichever path it is.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r"""The PyTorch path of the fused estimators: GAE and the return in a few tensor operations (``chapters/09_fast_gae``).
+r"""The PyTorch path of the fused estimators: GAE and the return in a few tensor operations (:doc:`/chapters/09_fast_gae`).
 
 What :func:`valuelab.gae` and :func:`valuelab.discounted_returns` run, for
 numeric γ and λ and inputs that need no gradient, on a GPU, or on a CPU where
@@ -43,7 +43,7 @@ def fused_returns(
     The PyTorch path (a GPU, or a CPU without the C kernel of
     :mod:`valuelab._native`, which does the same in one pass):
     one scan instead of a TD-error pass, a scan and an add: the λ-return obeys
-    its own recursion (``(eq-fast-lambda-return)`` in ``chapters/09_fast_gae``)
+    its own recursion (:eq:`eq-fast-lambda-return` in :doc:`/chapters/09_fast_gae`)
 
     .. math::  G_t = \underbrace{r_t + (\gamma - c)\,V_{t+1}}_{x_t} + c\, G_{t+1},\qquad c=\gamma\lambda,
 
@@ -57,7 +57,7 @@ def fused_returns(
     by one scatter (two when :math:`\lambda < 1/2`) and the result put back by
     one gather (:func:`compaction_index`); for :math:`\lambda\ge 1/2` the scan
     input is :math:`u = r + (k/c)V` with :math:`k=\gamma-c`, whose scan
-    :math:`G'` gives :math:`G = G' - (k/c)V` (``(eq-fast-u-form)``): no shift
+    :math:`G'` gives :math:`G = G' - (k/c)V` (:eq:`eq-fast-u-form`): no shift
     in compacted coordinates, and :math:`k/c = (1-\lambda)/\lambda \le 1`
     amplifies no rounding. Intermediate results live in the two output
     tensors and in reused scratch buffers (:func:`valuelab._workspace.scratch`).

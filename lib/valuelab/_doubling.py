@@ -1,11 +1,11 @@
-r"""Per-step decay without a loop over tokens: blocked doubling over affine maps (derived in ``chapters/09_fast_gae``).
+r"""Per-step decay without a loop over tokens: blocked doubling over affine maps (derived in :doc:`/chapters/09_fast_gae`).
 
 For :math:`y_t = x_t + d_t\,y_{t+1}`, :math:`y_T = 0` with a decay that changes
 along time (per-step :math:`\gamma_t` or :math:`\lambda_t`), the recursion
 composes the affine maps :math:`f_t(y) = x_t + d_t y`, and
 :math:`(x_1, d_1)\circ(x_2, d_2) = (x_1 + d_1 x_2,\ d_1 d_2)` is associative,
 so inside a block :math:`\log_2 C` Hillis--Steele doubling steps give every
-token's map to the end of its block (``(eq-fast-doubling)``); the block
+token's map to the end of its block (:eq:`eq-fast-doubling`); the block
 summaries satisfy the same recursion, solved recursively, and one
 multiply-add puts the carries in. Only products of decays, never a division.
 
@@ -66,7 +66,7 @@ def _doubling_autograd(X: torch.Tensor, D: torch.Tensor):
 
 
 def affine_scan(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """``(eq-fast-scan)`` with a per-step ``d``; both ``(B, T)`` contiguous, ``T >= 1``."""
+    """:eq:`eq-fast-scan` with a per-step ``d``; both ``(B, T)`` contiguous, ``T >= 1``."""
     B, T = x.shape
     C = BLOCK_STEP
     if T <= C:

@@ -1,10 +1,10 @@
-r"""The backward scan without a Python loop over tokens (derived in ``chapters/09_fast_gae``).
+r"""The backward scan without a Python loop over tokens (derived in :doc:`/chapters/09_fast_gae`).
 
 Every return and advantage of :mod:`valuelab` is the backward linear recursion
 
 .. math::  y_t = x_t + d_t\, y_{t+1},\qquad y_T = 0,\qquad d_t\in[0,1]
 
-``(eq-fast-scan)`` on compacted, right-padded ``(B, T)`` rows (:mod:`valuelab._scan`).
+:eq:`eq-fast-scan` on compacted, right-padded ``(B, T)`` rows (:mod:`valuelab._scan`).
 :func:`valuelab._scan.backward_scan` solves it with one Python iteration per
 token; this module solves it with a number of tensor operations that does not
 grow with ``T`` (only with :math:`\log T`), and never divides by a product of
@@ -20,11 +20,11 @@ Two algorithms, chosen by the shape of ``d`` (see :func:`fast_backward_scan`):
 
   .. math::  y^{(k)}_i = \sum_{j\ge i} c^{\,j-i} x^{(k)}_j + c^{\,C-i}\, y^{(k+1)}_0
 
-  ``(eq-fast-block)``, i.e. ``y_blk = x_blk @ M.T + carry * q`` with the fixed upper-triangular
+  :eq:`eq-fast-block`, i.e. ``y_blk = x_blk @ M.T + carry * q`` with the fixed upper-triangular
   Toeplitz matrix :math:`M_{ij} = c^{j-i}` (:math:`j\ge i`) and
   :math:`q_i = c^{C-i}`. The carries :math:`Y_k = y^{(k)}_0` obey the *same*
   recursion on the block summaries :math:`s_k = (x^{(k)} M^\top)_0`:
-  :math:`Y_k = s_k + c^C\,Y_{k+1}` ``(eq-fast-carry)``, of length
+  :math:`Y_k = s_k + c^C\,Y_{k+1}` :eq:`eq-fast-carry`, of length
   :math:`T/C`, solved by the same blocked form; after
   :math:`\lceil\log_C T\rceil` levels it fits in one block. One matrix
   product and one rank-one update per level: the work is :math:`O(BTC)` flops
@@ -35,7 +35,7 @@ Two algorithms, chosen by the shape of ``d`` (see :func:`fast_backward_scan`):
   affine maps :math:`f_t(y) = x_t + d_t y`, and
   :math:`(x_1, d_1)\circ(x_2, d_2) = (x_1 + d_1 x_2,\ d_1 d_2)` is associative,
   so inside a block :math:`\log_2 C` Hillis--Steele doubling steps give every
-  token's map to the end of its block (``(eq-fast-doubling)``); the block
+  token's map to the end of its block (:eq:`eq-fast-doubling`); the block
   summaries again satisfy the recursion, solved recursively, and one
   multiply-add puts the carries in.
 
@@ -60,10 +60,10 @@ their old names.
 :func:`valuelab.discounted_returns` with numeric γ and λ are dispatched by
 :func:`valuelab._problem.solve`: to the C kernel on a CPU, else to
 :func:`valuelab._blocked.fused_returns` (the λ-return recursion
-``(eq-fast-lambda-return)`` scanned once; holes compacted by one scatter,
-``(eq-fast-u-form)``), else -- tensor γ or λ, or inputs that need
+:eq:`eq-fast-lambda-return` scanned once; holes compacted by one scatter,
+:eq:`eq-fast-u-form`), else -- tensor γ or λ, or inputs that need
 gradients -- to the general path built on :func:`fast_backward_scan`.
-The benchmark (``python -m valuelab.bench``) and ``chapters/09_fast_gae``
+The benchmark (``python -m valuelab.bench``) and :doc:`/chapters/09_fast_gae`
 give the numbers.
 """
 
@@ -102,7 +102,7 @@ Decay = Union[float, torch.Tensor]
 def fast_backward_scan(x: torch.Tensor, d: Decay) -> torch.Tensor:
     r"""Solve :math:`y_t = x_t + d_t\,y_{t+1}`, :math:`y_T = 0` along the last axis, without a loop over tokens.
 
-    Equation ``(eq-fast-scan)``, derived in ``chapters/09_fast_gae``; the same
+    Equation :eq:`eq-fast-scan`, derived in :doc:`/chapters/09_fast_gae`; the same
     contract as :func:`valuelab._scan.backward_scan` (whose result it matches to
     float rounding) with one extension: ``d`` says by its *shape* whether the
     decay changes along time.
@@ -234,7 +234,7 @@ def _naive_rescaled_scan(x: torch.Tensor, c: float) -> torch.Tensor:
     about 13 800, in float64) while :math:`c^{j}` underflows to 0 there, giving
     ``inf * 0 = nan`` and ``inf``. Below that length it is as accurate as the loop:
     the failure is purely one of range. Undefined for :math:`c = 0`
-    (:math:`0^{-t}`). Kept only so that ``chapters/09_fast_gae`` and the tests can
+    (:math:`0^{-t}`). Kept only so that :doc:`/chapters/09_fast_gae` and the tests can
     show it fail.
     """
     t = torch.arange(x.shape[-1], dtype=x.dtype, device=x.device)

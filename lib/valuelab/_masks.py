@@ -1,7 +1,7 @@
 """Masks without argsort: the right-padding test, the valid-first order and the compaction index.
 
 Loop-free helpers of the general and PyTorch paths (derived in
-``chapters/09_fast_gae``, "holes"). Each takes a *canonical* bool mask (one
+:doc:`/chapters/09_fast_gae`, "holes"). Each takes a *canonical* bool mask (one
 byte per entry, 0 or 1; :meth:`valuelab._problem.Problem.torch_mask` makes
 one from any bool tensor).
 """

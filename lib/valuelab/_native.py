@@ -1,6 +1,6 @@
 """The CPU kernel ``_gae_kernel.c``: built when valuelab is installed, loaded from the package, called through ctypes.
 
-Derived in ``chapters/09_fast_gae`` (section "One pass in C"). On a CPU,
+Derived in :doc:`/chapters/09_fast_gae` (section "One pass in C"). On a CPU,
 :func:`valuelab.gae` and :func:`valuelab.discounted_returns` with numeric γ
 and λ call :func:`scan` first; it returns None, and the PyTorch block scan
 runs instead, on a GPU, when the kernel was not built or is refused (see
@@ -337,9 +337,9 @@ def scan(
 ) -> Optional[Tuple[Optional[torch.Tensor], torch.Tensor, bool]]:
     r"""``(advantages, returns, finite)`` by the C kernel, or None where it does not apply (then the caller scans in PyTorch).
 
-    GAE (``(eq-gae-recursion)`` of chapter 5, with ``c = γλ``) when ``values``
+    GAE (:eq:`eq-gae-recursion` of chapter 5, with ``c = γλ``) when ``values``
     is given, else the discounted return (``c = γ``, ``advantages`` None),
-    computed as in ``(eq-fast-vector-scan)`` and ``(eq-fast-vector-carry)``
+    computed as in :eq:`eq-fast-vector-scan` and :eq:`eq-fast-vector-carry`
     of chapter 9. ``rewards``: ``(B, T)`` float32 or float64 on the CPU;
     ``values``: the same or None; ``mask``: ``(B, T)`` bool or None (all
     valid; a byte other than 0 and 1 counts as True, as ``byte != 0``);

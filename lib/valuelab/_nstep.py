@@ -1,7 +1,7 @@
-r"""The n-step return without a loop over tokens: sparse-table doubling (derived in ``chapters/09_fast_gae``).
+r"""The n-step return without a loop over tokens: sparse-table doubling (derived in :doc:`/chapters/09_fast_gae`).
 
 :math:`G^{(n)}_t = f_t\circ\cdots\circ f_{t+n-1}(V_{t+n})` with the affine maps
-:math:`f_t(y) = r_t + \gamma_t y` (``(eq-nstep-return)`` of chapter 4). The
+:math:`f_t(y) = r_t + \gamma_t y` (:eq:`eq-nstep-return` of chapter 4). The
 maps of the windows of length :math:`2^j` are built by
 :math:`\lfloor\log_2 n\rfloor` doublings and the binary digits of ``n``
 compose the answer: :math:`O(T\log n)` work in :math:`O(\log n)` tensor
@@ -46,8 +46,8 @@ def fast_nstep_returns(
 ) -> torch.Tensor:
     r"""n-step return :math:`G^{(n)}_t = f_t\circ\cdots\circ f_{t+n-1}(V_{t+n})` by sparse-table doubling.
 
-    Equation ``(eq-nstep-return)`` of chapter 4, loop-free form derived in
-    ``chapters/09_fast_gae``. On compacted rows (``valid`` right-padded), with
+    Equation :eq:`eq-nstep-return` of chapter 4, loop-free form derived in
+    :doc:`/chapters/09_fast_gae`. On compacted rows (``valid`` right-padded), with
     :math:`f_t(y) = r_t + \gamma_t y` on valid tokens, the identity map after
     the last one, and :math:`V_t` = ``bootstrap`` from the last valid token on.
     The maps of the windows of length :math:`2^j` are built by

@@ -23,7 +23,7 @@ general            tensor γ or λ, other dtypes, or gradients      the estimato
                    (reverse or forward mode)                      on :mod:`valuelab._scan`
 =================  =============================================  ==========================
 
-Derived in ``chapters/09_fast_gae`` (the fast paths) and ``chapters/05_gae``
+Derived in :doc:`/chapters/09_fast_gae` (the fast paths) and :doc:`/chapters/05_gae`
 (the recursion all three compute).
 """
 

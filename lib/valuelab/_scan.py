@@ -11,7 +11,7 @@ skipped: they add nothing and discount nothing. Skipping holes is exactly the
 same as running the recursion on the *compacted* sequence in which the valid
 tokens are moved to the left, so every function here works on compacted,
 right-padded rows and scatters the result back (derived in
-``chapters/01_value_function_mc``, notation page "Masks").
+:doc:`/chapters/01_value_function_mc`, notation page "Masks").
 
 :func:`compact` turns a validated :class:`valuelab._problem.Problem` into
 that form (:class:`Prepared`) for the general, differentiable path of every

@@ -1,16 +1,16 @@
-r"""Constant decay without a loop over tokens: the blocked Toeplitz form (derived in ``chapters/09_fast_gae``).
+r"""Constant decay without a loop over tokens: the blocked Toeplitz form (derived in :doc:`/chapters/09_fast_gae`).
 
-For :math:`y_t = x_t + c\,y_{t+1}`, :math:`y_T = 0` (``(eq-fast-scan)`` with a
+For :math:`y_t = x_t + c\,y_{t+1}`, :math:`y_T = 0` (:eq:`eq-fast-scan` with a
 decay :math:`c\in[0,1]` that does not change along time), cut the row into
 blocks of :math:`C` tokens. Inside block :math:`k`, unrolling the recursion gives
 
 .. math::  y^{(k)}_i = \sum_{j\ge i} c^{\,j-i} x^{(k)}_j + c^{\,C-i}\, y^{(k+1)}_0
 
-``(eq-fast-block)``, i.e. ``y_blk = x_blk @ M.T + carry * q`` with the fixed
+:eq:`eq-fast-block`, i.e. ``y_blk = x_blk @ M.T + carry * q`` with the fixed
 upper-triangular Toeplitz matrix :math:`M_{ij} = c^{j-i}` (:math:`j\ge i`)
 and :math:`q_i = c^{C-i}`. The carries :math:`Y_k = y^{(k)}_0` obey the *same*
 recursion on the block summaries: :math:`Y_k = s_k + c^C\,Y_{k+1}`
-``(eq-fast-carry)``, of length :math:`T/C`, solved by the same blocked form.
+:eq:`eq-fast-carry`, of length :math:`T/C`, solved by the same blocked form.
 One matrix product and one rank-one update per level. Every coefficient is a
 power :math:`c^m\in[0,1]`, computed in float64 and rounded once: nothing is
 divided, nothing overflows.
@@ -94,7 +94,7 @@ def _pow_scalar(c, n: int):
 
 
 def toeplitz_scan(x: torch.Tensor, c) -> torch.Tensor:
-    """``(eq-fast-block)`` for ``x`` of shape ``(B, T)``, ``T >= 1``.
+    """:eq:`eq-fast-block` for ``x`` of shape ``(B, T)``, ``T >= 1``.
 
     ``c`` is a float, a float64 0-dim tensor, or a float64 ``(B, 1, 1)`` tensor.
     """

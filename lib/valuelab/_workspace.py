@@ -1,6 +1,6 @@
 """Reused scratch buffers for the PyTorch path of the fused estimators (:mod:`valuelab._blocked`).
 
-Derived in ``chapters/09_fast_gae`` (the benchmark's page faults).
+Derived in :doc:`/chapters/09_fast_gae` (the benchmark's page faults).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Advantages for the policy and λ-returns for the critic: TD errors and GAE.
 
-Derived in ``chapters/04_nstep`` (TD error, n-step telescoping) and
-``chapters/05_gae`` (GAE and the λ-return).
+Derived in :doc:`/chapters/04_nstep` (TD error, n-step telescoping) and
+:doc:`/chapters/05_gae` (GAE and the λ-return).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def td_errors(
     gamma: FloatOrTensor = 1.0,
     bootstrap: Optional[FloatOrTensor] = None,
 ) -> torch.Tensor:
-    r"""TD error :math:`\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)`, equation ``(eq-td-error)`` of chapter 4.
+    r"""TD error :math:`\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t)`, equation :eq:`eq-td-error` of chapter 4.
 
     At the last valid token :math:`V(s_{T+1})` is ``bootstrap`` (0 after EOS),
     so :math:`\delta_T = r_T - V(s_T)`. Masked tokens are skipped and get 0.
@@ -62,10 +62,10 @@ def gae(
     r"""Generalized advantage estimation (Schulman et al., 2016).
 
     :math:`\hat A_t=\sum_{l=0}^{T-t}(\gamma\lambda)^l\delta_{t+l}`, equation
-    ``(eq-gae-closed)`` of chapter 5, computed by the backward recursion
+    :eq:`eq-gae-closed` of chapter 5, computed by the backward recursion
     :math:`\hat A_t = \delta_t + \gamma_t\lambda_t \hat A_{t+1}`
-    ``(eq-gae-recursion)``, and the λ-return
-    :math:`\hat G_t = \hat A_t + V_\text{old}(s_t)` ``(eq-lambda-return)``.
+    :eq:`eq-gae-recursion`, and the λ-return
+    :math:`\hat G_t = \hat A_t + V_\text{old}(s_t)` :eq:`eq-lambda-return`.
 
     ``lam = 0`` gives the TD errors; ``lam = 1`` gives the Monte-Carlo return
     minus the value. ``lam`` is a float or a tensor broadcastable to
@@ -74,10 +74,10 @@ def gae(
     outputs; the recursion carries over holes.
 
     No Python loop over tokens: for numeric ``gamma`` and ``lam``, on a CPU,
-    one pass of a C kernel (:mod:`valuelab._native`, ``(eq-fast-vector-scan)``
+    one pass of a C kernel (:mod:`valuelab._native`, :eq:`eq-fast-vector-scan`
     of chapter 9); on a GPU or without a C compiler the λ-return is scanned
     in blocks by matrix products (``valuelab._fastscan.fused_returns``,
-    ``(eq-fast-lambda-return)`` and ``(eq-fast-block)``); for tensor
+    :eq:`eq-fast-lambda-return` and :eq:`eq-fast-block`); for tensor
     ``gamma`` or ``lam`` the TD errors are
     (``valuelab._fastscan.fast_backward_scan``); ``valuelab._scan.fused``
     chooses. The results equal the
@@ -121,7 +121,7 @@ def decoupled_gae(
 ) -> DecoupledGAE:
     r"""Decoupled GAE (Yuan et al., 2025): advantages with :math:`\lambda_\text{actor}`, returns with :math:`\lambda_\text{critic}`.
 
-    Equation ``(eq-decoupled-gae)`` of chapter 10. The critic's target with
+    Equation :eq:`eq-decoupled-gae` of chapter 10. The critic's target with
     :math:`\lambda_\text{critic}=1` is the Monte-Carlo return, free of the
     critic's own bias; the policy keeps a lower-variance
     :math:`\lambda_\text{actor}<1`. ``lam_actor`` may be per sequence, e.g.
@@ -135,7 +135,7 @@ def decoupled_gae(
 def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
     r"""Length-adaptive :math:`\lambda = 1 - 1/(\alpha\, l)` per sequence, clamped to [0, 1] (Yue et al., 2025).
 
-    Equation ``(eq-length-adaptive-lam)`` of chapter 10. ``lengths`` holds the
+    Equation :eq:`eq-length-adaptive-lam` of chapter 10. ``lengths`` holds the
     number of generated tokens :math:`l` of each sequence (shape ``(B,)``);
     the result has shape ``(B, 1)``, ready for ``gae(..., lam=...)``. It keeps
     :math:`\sum_l \lambda^l \approx \alpha l`, the effective horizon, a fixed

@@ -6,8 +6,8 @@ CUDA when present), ``--out results.csv`` to keep the numbers (a
 ``results.json`` next to it describes the machine, the git commit, the
 threads and the contenders' versions), ``--shapes 64x4096`` for
 one shape, ``--mallopt`` to switch glibc's malloc to keep freed memory (see
-:func:`keep_freed_memory`). The timings are discussed in ``chapters/09_fast_gae``;
-the stored full run is ``chapters/data/bench_cpu.csv``.
+:func:`keep_freed_memory`). The timings are discussed in :doc:`/chapters/09_fast_gae`;
+the stored full run is ``valuelab/data/bench_cpu.csv`` (package data: :func:`stored_run`).
 
 For every device, dtype, batch ``B``, length ``T`` and mask kind
 (right-padded or with holes), measured in the same run, with
@@ -265,6 +265,28 @@ def torch_gae(rewards, values, mask, gamma, lam):
     with _native.disabled():
         return _advantages.gae(rewards, values, mask=mask, gamma=gamma, lam=lam)
 
+
+
+def stored_run(name: str = "bench_cpu") -> Tuple[dict, List[dict]]:
+    """The stored benchmark run ``name`` that chapter 9 reads: ``(machine, rows)``.
+
+    ``machine`` is the run's JSON (commit, threads, versions, command) and
+    ``rows`` its CSV as dicts of strings, read from the installed package
+    (``valuelab/data/<name>.json`` and ``.csv``), so the chapter needs no file
+    beside the notebook (e.g. on Colab). Refresh them with
+    ``python -m valuelab.bench --threads 2 --out lib/valuelab/data/bench_cpu.csv``.
+    """
+    from importlib import resources
+
+    if not isinstance(name, str) or not name.replace("_", "").isalnum():
+        raise ValueError(f"name must be the plain name of a stored run (e.g. 'bench_cpu'), got {name!r}")
+    data = resources.files("valuelab") / "data"
+    csv_file, json_file = data / f"{name}.csv", data / f"{name}.json"
+    if not csv_file.is_file():
+        raise ValueError(f"name: no stored run {name!r} in valuelab/data")
+    machine = json.loads(json_file.read_text(encoding="utf-8")) if json_file.is_file() else {}
+    rows = list(csv.DictReader(csv_file.read_text(encoding="utf-8").splitlines()))
+    return machine, rows
 
 def missing_contenders() -> Dict[str, str]:
     """``{contender: why it is not timed}`` for the optional ones (lfilter needs scipy, torchrl torchrl)."""

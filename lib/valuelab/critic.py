@@ -1,4 +1,4 @@
-"""Critics for the toy world and the refresh-then-fit loop that trains them (chapter 7 (``chapters/07_propagation``)).
+"""Critics for the toy world and the refresh-then-fit loop that trains them (chapter 7 (:doc:`/chapters/07_propagation`)).
 
 Training a critic in PPO alternates two things, and this module keeps them apart:
 
@@ -15,7 +15,7 @@ the same as evaluating it once under ``torch.no_grad()`` before the steps
 ``"exact"`` optimiser each fit is the exact least-squares solution, so one
 can count refreshes: with a reward only at the end of length-``T`` episodes
 the value at token 0 needs ``T`` refreshes with TD(0), ``ceil(T/n)`` with
-n-step returns and one with Monte Carlo (equation ``(eq-refresh-count)``).
+n-step returns and one with Monte Carlo (equation :eq:`eq-refresh-count`).
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ def _check_step(step: object, name: str = "step") -> float:
 
 
 class TabularCritic(nn.Module):
-    """One parameter per world state, :math:`V_\\phi(s) = \\phi_s` (chapter 7 (``chapters/07_propagation``)).
+    """One parameter per world state, :math:`V_\\phi(s) = \\phi_s` (chapter 7 (:doc:`/chapters/07_propagation`)).
 
     ``forward(rollout)`` returns the ``(B, T)`` values :math:`\\phi_{s_t}`, 0 at
     padding. :meth:`fit_exact_` is the exact minimiser of the token-mean value
-    loss ``(eq-value-loss)``: every visited state gets the mean of its targets.
+    loss :eq:`eq-value-loss`: every visited state gets the mean of its targets.
     """
 
     def __init__(self, world: World, init: float = 0.0) -> None:
@@ -81,21 +81,21 @@ class TabularCritic(nn.Module):
         self.table = nn.Parameter(torch.full((world.n_states,), float(init)))
 
     def forward(self, rollout: Rollout) -> torch.Tensor:
-        """:math:`V_\\phi(s_t) = \\phi_{s_t}` for every token of the batch, equation ``(eq-tabular-critic)`` of chapter 7 (``chapters/07_propagation``)."""
+        """:math:`V_\\phi(s_t) = \\phi_{s_t}` for every token of the batch, equation :eq:`eq-tabular-critic` of chapter 7 (:doc:`/chapters/07_propagation`)."""
         rollout = _check_rollout(rollout)
         v = self.table[rollout.states].to(rollout.rewards.dtype)
         return torch.where(rollout.mask, v, torch.zeros((), dtype=v.dtype, device=v.device))
 
     @torch.no_grad()
     def fit_exact_(self, rollout: Rollout, targets: torch.Tensor, step: float = 1.0) -> None:
-        """Move every visited state toward the mean of its targets, equation ``(eq-tabular-critic)`` of chapter 7 (``chapters/07_propagation``).
+        """Move every visited state toward the mean of its targets, equation :eq:`eq-tabular-critic` of chapter 7 (:doc:`/chapters/07_propagation`).
 
         :math:`\\phi_s \\leftarrow (1-\\alpha)\\,\\phi_s + \\alpha\\,\\operatorname{mean}\\{\\hat G_t : s_t = s\\}`
         with :math:`\\alpha` = ``step`` in (0, 1]; unvisited states keep their value.
         ``step = 1`` (default) is the closed-form argmin of the token-mean loss
-        ``(eq-value-loss)`` of chapter 6 over a table, used in chapter
+        :eq:`eq-value-loss` of chapter 6 over a table, used in chapter
         07_propagation to count refreshes; ``step < 1`` is a partial fit, a
-        per-state running average over refreshes (chapter 8, ``chapters/08_bias_variance``).
+        per-state running average over refreshes (chapter 8, :doc:`/chapters/08_bias_variance`).
         """
         rollout = _check_rollout(rollout)
         if not isinstance(targets, torch.Tensor) or targets.shape != rollout.mask.shape:
@@ -113,11 +113,11 @@ class TabularCritic(nn.Module):
 
 
 class TinyCritic(nn.Module):
-    """A small recurrent critic over the token prefix: embedding, GRU, linear value head (chapter 7 (``chapters/07_propagation``)).
+    """A small recurrent critic over the token prefix: embedding, GRU, linear value head (chapter 7 (:doc:`/chapters/07_propagation`)).
 
     The value at token :math:`t` reads only the prefix :math:`a_0..a_{t-1}`:
     the input at position :math:`t` is the previous token (BOS at
-    :math:`t = 0`) and the normalised position :math:`t / \\text{max\\_len}`,
+    :math:`t = 0`) and the normalised position :math:`t / L_{\\max}` (``max_len``),
     so the GRU state can hold the position and the count of GOOD tokens,
     which is all the exact value depends on. Every tensor it creates lives on
     the device of the input; move the module with ``.to(device)``.
@@ -148,7 +148,7 @@ class TinyCritic(nn.Module):
             self.head = nn.Linear(hidden_size, 1)
 
     def forward(self, rollout: Rollout) -> torch.Tensor:
-        """:math:`V_\\phi(s_t) = w^\\top h_t + b`, :math:`h_t = \\mathrm{GRU}(h_{t-1}, [e(a_{t-1}), t/L])`, chapter 7 (``chapters/07_propagation``); 0 at padding."""
+        """:math:`V_\\phi(s_t) = w^\\top h_t + b`, :math:`h_t = \\mathrm{GRU}(h_{t-1}, [e(a_{t-1}), t/L])`, chapter 7 (:doc:`/chapters/07_propagation`); 0 at padding."""
         rollout = _check_rollout(rollout)
         tokens, mask = rollout.tokens, rollout.mask
         B, T = tokens.shape
@@ -171,12 +171,12 @@ def critic_targets(
     lam: Optional[float] = None,
     gamma: Optional[float] = None,
 ) -> torch.Tensor:
-    """Targets :math:`\\hat G_t` for the critic from the frozen values :math:`V_{\\bar\\phi}` (chapter 7 (``chapters/07_propagation``)).
+    """Targets :math:`\\hat G_t` for the critic from the frozen values :math:`V_{\\bar\\phi}` (chapter 7 (:doc:`/chapters/07_propagation`)).
 
-    ``"mc"``: :func:`valuelab.discounted_returns` ``(eq-mc-return)``;
-    ``"td0"``: :func:`valuelab.td_targets` ``(eq-td-target)``;
-    ``"nstep"``: :func:`valuelab.nstep_returns` with ``n`` ``(eq-nstep-return)``;
-    ``"gae"``: the λ-return of :func:`valuelab.gae` with ``lam`` ``(eq-lambda-return)``.
+    ``"mc"``: :func:`valuelab.discounted_returns` :eq:`eq-mc-return`;
+    ``"td0"``: :func:`valuelab.td_targets` :eq:`eq-td-target`;
+    ``"nstep"``: :func:`valuelab.nstep_returns` with ``n`` :eq:`eq-nstep-return`;
+    ``"gae"``: the λ-return of :func:`valuelab.gae` with ``lam`` :eq:`eq-lambda-return`.
     ``gamma`` defaults to the rollout's (the one its exact values use).
     """
     rollout = _check_rollout(rollout)
@@ -203,7 +203,7 @@ def critic_targets(
 
 
 class CriticError(NamedTuple):
-    """Errors of a critic against the exact values, from :func:`value_error` (chapter 7 (``chapters/07_propagation``))."""
+    """Errors of a critic against the exact values, from :func:`value_error` (chapter 7 (:doc:`/chapters/07_propagation`))."""
 
     mse: float
     """Mean of :math:`(V_\\phi(s_t) - V^\\pi(s_t))^2` over the valid tokens of the batch."""
@@ -215,7 +215,7 @@ class CriticError(NamedTuple):
 
 @torch.no_grad()
 def value_error(critic: nn.Module, rollout: Rollout) -> CriticError:
-    """Error of a critic against the exact :math:`V^\\pi` of the world, :math:`\\overline{(V_\\phi - V^\\pi)^2}` (chapter 7 (``chapters/07_propagation``))."""
+    """Error of a critic against the exact :math:`V^\\pi` of the world, :math:`\\overline{(V_\\phi - V^\\pi)^2}` (chapter 7 (:doc:`/chapters/07_propagation`))."""
     rollout = _check_rollout(rollout)
     return _errors(critic(rollout), rollout)
 
@@ -232,7 +232,7 @@ def _errors(v: torch.Tensor, rollout: Rollout) -> CriticError:
 
 @dataclass
 class FitHistory:
-    """What :func:`fit_critic` records (chapter 7 (``chapters/07_propagation``)).
+    """What :func:`fit_critic` records (chapter 7 (:doc:`/chapters/07_propagation`)).
 
     Lists indexed by ``k`` have ``refreshes + 1`` entries, entry ``k`` after
     ``k`` refreshes (entry 0: before training), ready for a plot against
@@ -278,15 +278,15 @@ def fit_critic(
     callback: Optional[Callable[[int, nn.Module, FitHistory], None]] = None,
     progress: Optional[bool] = False,
 ) -> FitHistory:
-    """Train a critic by refreshing frozen targets and fitting them, the loop of chapter 7 (``chapters/07_propagation``).
+    """Train a critic by refreshing frozen targets and fitting them, the loop of chapter 7 (:doc:`/chapters/07_propagation`).
 
     For ``k = 1..refreshes``: take the batch (``data`` itself, or ``data(k - 1)``
     for a fresh batch per refresh), freeze :math:`V_{\\bar\\phi} = V_\\phi` on it,
     build :math:`\\hat G_t` with :func:`critic_targets`, then minimise
-    :func:`valuelab.value_loss` ``(eq-value-loss)`` toward those fixed targets
+    :func:`valuelab.value_loss` :eq:`eq-value-loss` toward those fixed targets
     with ``steps_per_refresh`` full-batch steps (``optimizer="exact"``: the
     closed-form fit of a :class:`TabularCritic`, or a move of a fraction ``lr``
-    toward it, equation ``(eq-tabular-critic)``; steps ignored). The optimiser
+    toward it, equation :eq:`eq-tabular-critic`; steps ignored). The optimiser
     state carries over refreshes, as in PPO.
 
     Args:

@@ -1,6 +1,6 @@
 """The critic's loss and the masked statistics it needs.
 
-Derived in ``chapters/06_value_loss``.
+Derived in :doc:`/chapters/06_value_loss`.
 """
 
 from __future__ import annotations
@@ -114,9 +114,9 @@ def value_loss(
     clip_range: Optional[float] = None,
     aggregation: str = "token-mean",
 ) -> torch.Tensor:
-    r"""Critic loss :math:`\tfrac12\,\overline{(V_\phi(s_t) - \hat G_t)^2}`, equation ``(eq-value-loss)`` of chapter 6.
+    r"""Critic loss :math:`\tfrac12\,\overline{(V_\phi(s_t) - \hat G_t)^2}`, equation :eq:`eq-value-loss` of chapter 6.
 
-    With ``clip_range`` :math:`c` it is PPO's clipped form ``(eq-value-clip)``
+    With ``clip_range`` :math:`c` it is PPO's clipped form :eq:`eq-value-clip`
     :math:`\tfrac12\max\big((V-\hat G)^2, (\mathrm{clip}(V, V_\text{old}-c, V_\text{old}+c)-\hat G)^2\big)`.
 
     Args:

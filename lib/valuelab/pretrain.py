@@ -1,4 +1,4 @@
-"""Value pretraining: fit the critic to Monte-Carlo returns of a fixed policy before RL (chapter 10, ``chapters/10_long_responses``).
+"""Value pretraining: fit the critic to Monte-Carlo returns of a fixed policy before RL (chapter 10, :doc:`/chapters/10_long_responses`).
 
 VC-PPO (Yuan et al., 2025) starts PPO on long responses with a critic that
 has first been regressed onto Monte-Carlo returns of responses sampled from
@@ -37,13 +37,13 @@ def pretrain_value(
     callback: Optional[Callable[[int, nn.Module, FitHistory], None]] = None,
     progress: Optional[bool] = False,
 ) -> FitHistory:
-    r"""Value pretraining (Yuan et al., 2025), equation ``(eq-value-pretraining)`` of chapter 10.
+    r"""Value pretraining (Yuan et al., 2025), equation :eq:`eq-value-pretraining` of chapter 10.
 
     .. math:: \phi_\text{pre} = \arg\min_\phi\ \E_{\pi_0}\Big[\sum_t \big(V_\phi(s_t) - G_t\big)^2\Big],
 
-    with :math:`G_t` the Monte-Carlo return ``(eq-mc-return)`` of responses
+    with :math:`G_t` the Monte-Carlo return :eq:`eq-mc-return` of responses
     sampled from the fixed initial policy :math:`\pi_0` (the SFT model) and
-    the token-mean value loss ``(eq-value-loss)``. Calls
+    the token-mean value loss :eq:`eq-value-loss`. Calls
     :func:`valuelab.critic.fit_critic` with ``target="mc"``: since the target
     does not depend on the critic, a refresh only matters when ``data``
     gives a fresh batch per refresh, and the result is the same for any

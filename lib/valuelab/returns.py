@@ -1,7 +1,7 @@
 """Targets for the critic built from rewards: Monte Carlo, TD(0) and n-step.
 
-Derived in ``chapters/01_value_function_mc`` (Monte-Carlo return),
-``chapters/02_td_targets`` (TD target) and ``chapters/04_nstep`` (n-step return).
+Derived in :doc:`/chapters/01_value_function_mc` (Monte-Carlo return),
+:doc:`/chapters/02_td_targets` (TD target) and :doc:`/chapters/04_nstep` (n-step return).
 Conventions (notation page): ``values[..., t]`` is :math:`V(s_t)`, the value of
 the state *before* token :math:`t`; after the last valid token the next value
 is ``bootstrap`` (0 when EOS ended the episode); masked tokens are skipped.
@@ -37,8 +37,8 @@ def discounted_returns(
 ) -> torch.Tensor:
     r"""Monte-Carlo return :math:`G_t=\sum_{k=t}^{T}\gamma^{k-t} r_k + \gamma^{T-t+1} V(s_{T+1})`.
 
-    Equation ``(eq-mc-return)`` of chapter 1, computed through its recursion
-    :math:`G_t = r_t + \gamma_t G_{t+1}` ``(eq-mc-recursion)`` with
+    Equation :eq:`eq-mc-return` of chapter 1, computed through its recursion
+    :math:`G_t = r_t + \gamma_t G_{t+1}` :eq:`eq-mc-recursion` with
     :math:`G_{T+1}` = ``bootstrap``, without a Python loop over tokens: for
     a numeric ``gamma`` on a CPU, one pass of the C kernel
     (:mod:`valuelab._native`), else the blocked scan of chapter 9.
@@ -79,7 +79,7 @@ def td_targets(
     gamma: FloatOrTensor = 1.0,
     bootstrap: Optional[FloatOrTensor] = None,
 ) -> torch.Tensor:
-    r"""TD(0) target :math:`r_t + \gamma V(s_{t+1})`, equation ``(eq-td-target)`` of chapter 2.
+    r"""TD(0) target :math:`r_t + \gamma V(s_{t+1})`, equation :eq:`eq-td-target` of chapter 2.
 
     ``values`` should come from the frozen (old) critic :math:`V_{\bar\phi}`.
     Past the last valid token :math:`V(s_{T+1})` is ``bootstrap``; masked
@@ -103,7 +103,7 @@ def nstep_returns(
 ) -> torch.Tensor:
     r"""n-step return :math:`G_t^{(n)}=\sum_{k=t}^{t+n-1}\gamma^{k-t}r_k+\gamma^n V(s_{t+n})`.
 
-    Equation ``(eq-nstep-return)`` of chapter 4. When :math:`t+n > T+1` the
+    Equation :eq:`eq-nstep-return` of chapter 4. When :math:`t+n > T+1` the
     window runs past the end and the return is the Monte-Carlo return plus
     the discounted ``bootstrap``. Computed through
     :math:`G^{(k)}_t = r_t + \gamma_t G^{(k-1)}_{t+1}`, :math:`G^{(0)}_t = V(s_t)`.

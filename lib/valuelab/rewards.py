@@ -1,6 +1,6 @@
 """Per-token rewards of RLHF: a KL penalty on every token, the reward-model score on the last.
 
-Derived in ``chapters/03_kl_rewards``. With the log-ratio
+Derived in :doc:`/chapters/03_kl_rewards`. With the log-ratio
 :math:`\\rho_t = \\log\\pi_\\text{old}(a_t|s_t) - \\log\\pi_\\text{ref}(a_t|s_t)` the
 three classical estimators of :math:`\\mathrm{KL}(\\pi_\\text{old}\\|\\pi_\\text{ref})`
 are (Schulman's "approximating KL" note):
@@ -25,7 +25,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    r"""Per-token estimate of :math:`\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})`, equation ``(eq-kl-estimators)`` of chapter 3.
+    r"""Per-token estimate of :math:`\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})`, equation :eq:`eq-kl-estimators` of chapter 3.
 
     ``logprobs`` are :math:`\log\pi_\text{old}(a_t|s_t)` of the sampled tokens,
     ``ref_logprobs`` the reference model's log-probabilities of the same tokens.
@@ -87,7 +87,7 @@ def kl_shaped_rewards(
     beta: float = 0.05,
     estimator: str = "k1",
 ) -> torch.Tensor:
-    r"""Token rewards :math:`r_t = -\beta\,k(\rho_t) + [t = T]\, r_\text{RM}(x, y)`, equation ``(eq-kl-reward)`` of chapter 3.
+    r"""Token rewards :math:`r_t = -\beta\,k(\rho_t) + [t = T]\, r_\text{RM}(x, y)`, equation :eq:`eq-kl-reward` of chapter 3.
 
     Args:
         logprobs: :math:`\log\pi_\text{old}(a_t|s_t)`, shape ``(T,)`` or ``(B, T)``.

@@ -119,7 +119,11 @@ def _check_level(level: object) -> float:
 
 
 def mean_ci(x: ArrayLike, level: float = 0.95) -> Interval:
-    """The mean of ``x`` (one number per independent seed) with its Student-t interval, ``(eq-stats-t-interval)``."""
+    """The mean of ``x`` (one number per independent seed) with its Student-t interval.
+
+    :math:`\\bar x \\pm t_{(1+\\text{level})/2,\\,n-1}\\, s/\\sqrt n`, with :math:`s` the
+    sample standard deviation (``ddof=1``) of the :math:`n` runs.
+    """
     a = _as_sample(x, "x")
     level = _check_level(level)
     n = a.size
@@ -129,7 +133,7 @@ def mean_ci(x: ArrayLike, level: float = 0.95) -> Interval:
 
 
 def paired_ci(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Interval:
-    """The mean of ``a - b`` over paired runs (entry i of both from seed i) with its t-interval, ``(eq-stats-t-interval)``.
+    """The mean of ``a - b`` over paired runs (entry i of both from seed i) with its t-interval (:func:`valuelab.mean_ci` of the differences).
 
     Raises ``ValueError`` when the two arms have different numbers of runs.
     """

@@ -1,4 +1,4 @@
-"""SymPy constructors for the derivation chapters (``chapters/04_nstep``, ``chapters/05_gae``).
+"""SymPy constructors for the derivation chapters (:doc:`/chapters/04_nstep`, :doc:`/chapters/05_gae`).
 
 The chapters prove their identities on *unevaluated* SymPy expressions: sums
 with symbolic upper limits, so that a claim is checked for every horizon
@@ -94,7 +94,7 @@ def symbols() -> Symbols:
 
 
 def mc_return(t: Index, T: Index, *, bootstrap: bool = False) -> sp.Expr:
-    """Monte-Carlo return :math:`G_t=\\sum_{k=t}^{T}\\gamma^{k-t}r_k`, equation ``(eq-mc-return)`` of chapter 1.
+    """Monte-Carlo return :math:`G_t=\\sum_{k=t}^{T}\\gamma^{k-t}r_k`, equation :eq:`eq-mc-return` of chapter 1.
 
     With ``bootstrap=True`` the term :math:`\\gamma^{T+1-t}V(s_{T+1})` is
     added: the return of a response cut after token ``T`` (after EOS
@@ -108,7 +108,7 @@ def mc_return(t: Index, T: Index, *, bootstrap: bool = False) -> sp.Expr:
 def nstep_return(t: Index, n: Index, T: Optional[int] = None) -> sp.Expr:
     """n-step return :math:`G_t^{(n)}=\\sum_{k=t}^{t+n-1}\\gamma^{k-t}r_k+\\gamma^n V(s_{t+n})`.
 
-    Equation ``(eq-nstep-return)`` of chapter 4. With an integer ``T`` (and
+    Equation :eq:`eq-nstep-return` of chapter 4. With an integer ``T`` (and
     integer ``t``, ``n``) the window is clipped at the end of the response,
     as :func:`valuelab.nstep_returns` does: a window with :math:`t+n>T+1`
     becomes :math:`G_t^{(T+1-t)}`, the Monte-Carlo return plus the
@@ -128,7 +128,7 @@ def nstep_advantage(t: Index, n: Index, T: Optional[int] = None) -> sp.Expr:
 
 
 def td_error(t: Index) -> sp.Expr:
-    """TD error :math:`\\delta_t = r_t + \\gamma V(s_{t+1}) - V(s_t)`, equation ``(eq-td-error)`` of chapter 4."""
+    """TD error :math:`\\delta_t = r_t + \\gamma V(s_{t+1}) - V(s_t)`, equation :eq:`eq-td-error` of chapter 4."""
     s = symbols()
     return s.r[t] + s.gamma * s.V[t + 1] - s.V[t]
 
@@ -138,7 +138,7 @@ def _delta(j: Index, delta: Optional[sp.IndexedBase]) -> sp.Expr:
 
 
 def nstep_telescoped(t: Index, n: Index, delta: Optional[sp.IndexedBase] = None) -> sp.Expr:
-    """:math:`\\sum_{l=0}^{n-1}\\gamma^l\\delta_{t+l}`, the right side of ``(eq-nstep-telescoping)`` of chapter 4.
+    """:math:`\\sum_{l=0}^{n-1}\\gamma^l\\delta_{t+l}`, the right side of :eq:`eq-nstep-telescoping` of chapter 4.
 
     ``delta=None`` writes each :math:`\\delta` out in rewards and values;
     ``delta=symbols().delta`` keeps them as atoms.
@@ -148,7 +148,7 @@ def nstep_telescoped(t: Index, n: Index, delta: Optional[sp.IndexedBase] = None)
 
 
 def lambda_weight(n: Index) -> sp.Expr:
-    """λ-weight of the n-step advantage, :math:`w_n = (1-\\lambda)\\lambda^{n-1}`, equation ``(eq-lambda-weights)`` of chapter 5."""
+    """λ-weight of the n-step advantage, :math:`w_n = (1-\\lambda)\\lambda^{n-1}`, equation :eq:`eq-lambda-weights` of chapter 5."""
     s = symbols()
     return (1 - s.lam) * s.lam ** (n - 1)
 
@@ -170,12 +170,12 @@ def lambda_return_finite(t: Index, T: Index) -> sp.Expr:
 
 
 def gae_mixture_finite(t: Index, T: Index) -> sp.Expr:
-    """GAE by its definition ``(eq-gae-def)``, the finite λ-mixture of n-step advantages: :func:`lambda_return_finite` minus :math:`V(s_t)`."""
+    """GAE by its definition :eq:`eq-gae-def`, the finite λ-mixture of n-step advantages: :func:`lambda_return_finite` minus :math:`V(s_t)`."""
     return lambda_return_finite(t, T) - symbols().V[t]
 
 
 def gae_closed_form(t: Index, T: Index, delta: Optional[sp.IndexedBase] = None) -> sp.Expr:
-    """:math:`\\hat A_t = \\sum_{l=0}^{T-t}(\\gamma\\lambda)^l\\delta_{t+l}`, equation ``(eq-gae-closed)`` of chapter 5.
+    """:math:`\\hat A_t = \\sum_{l=0}^{T-t}(\\gamma\\lambda)^l\\delta_{t+l}`, equation :eq:`eq-gae-closed` of chapter 5.
 
     ``T`` is the index of the last token, so the last TD error is
     :math:`\\delta_T = r_T + \\gamma V(s_{T+1}) - V(s_T)`. ``delta`` as in
@@ -186,7 +186,7 @@ def gae_closed_form(t: Index, T: Index, delta: Optional[sp.IndexedBase] = None) 
 
 
 def gae_recursion(t: int, T: int, delta: Optional[sp.IndexedBase] = None) -> sp.Expr:
-    """The backward recursion ``(eq-gae-recursion)`` of chapter 5 unrolled for integers ``t <= T``.
+    """The backward recursion :eq:`eq-gae-recursion` of chapter 5 unrolled for integers ``t <= T``.
 
     :math:`\\hat A_T = \\delta_T`, :math:`\\hat A_t = \\delta_t + \\gamma\\lambda\\hat A_{t+1}`.
     """

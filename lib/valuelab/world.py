@@ -1,4 +1,4 @@
-"""A toy language-model world whose value function is known exactly (chapter 7 (``chapters/07_propagation``)).
+"""A toy language-model world whose value function is known exactly (chapter 7 (:doc:`/chapters/07_propagation`)).
 
 The world is small enough to solve and rich enough to look like RLHF:
 
@@ -25,7 +25,7 @@ The world is small enough to solve and rich enough to look like RLHF:
 The state before token :math:`t` is therefore Markov as
 :math:`s_t = (t, c_t, k_t)`: the position, the previous token and the count of
 ``GOOD`` tokens so far. Backward dynamic programming over these states gives
-the exact :math:`V^\\pi(s)` of every state, equation ``(eq-world-bellman)``
+the exact :math:`V^\\pi(s)` of every state, equation :eq:`eq-world-bellman`
 
 .. math:: V(s) = \\sum_a \\pi_\\text{old}(a\\mid s)\\,\\big[\\bar r(s, a) + \\gamma\\,[a\\ \\text{not final}]\\, V(s')\\big],
 
@@ -68,13 +68,13 @@ ScoreFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def fraction_good(count: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Default reward model :math:`f(k, L) = k / L`, the fraction of GOOD tokens (chapter 7 (``chapters/07_propagation``))."""
+    """Default reward model :math:`f(k, L) = k / L`, the fraction of GOOD tokens (chapter 7 (:doc:`/chapters/07_propagation`))."""
     return count / length
 
 
 @dataclass(frozen=True, eq=False)
 class World:
-    """A solved toy world (chapter 7 (``chapters/07_propagation``)): its tables and its exact values.
+    """A solved toy world (chapter 7 (:doc:`/chapters/07_propagation`)): its tables and its exact values.
 
     Build it with :func:`make_world`. Contexts are token ids ``0..V-1`` plus
     ``bos = V``; a state :math:`s_t = (t, c, k)` has position ``0 <= t < max_len``,
@@ -136,7 +136,7 @@ class World:
         return index // (self.n_contexts * self.n_counts), (index // self.n_counts) % self.n_contexts, index % self.n_counts
 
     def value(self, t: int, context: int, count: int) -> float:
-        """Exact :math:`V^\\pi(s)` of one state, equation ``(eq-world-bellman)`` of chapter 7 (``chapters/07_propagation``)."""
+        """Exact :math:`V^\\pi(s)` of one state, equation :eq:`eq-world-bellman` of chapter 7 (:doc:`/chapters/07_propagation`)."""
         return float(self.values[t, context, count])
 
 
@@ -165,7 +165,7 @@ def _score_table(score_fn: ScoreFn, max_len: int) -> np.ndarray:
 
 
 def _solve_values(pi: np.ndarray, kl_reward: np.ndarray, score: np.ndarray, max_len: int, gamma: float) -> np.ndarray:
-    """Backward DP for :math:`V^\\pi(t, c, k)`, equation ``(eq-world-bellman)``, vectorised over (c, k)."""
+    """Backward DP for :math:`V^\\pi(t, c, k)`, equation :eq:`eq-world-bellman`, vectorised over (c, k)."""
     n_ctx, V = pi.shape
     K = max_len + 2
     values = np.zeros((max_len, n_ctx, K))
@@ -201,7 +201,7 @@ def make_world(
     score_noise: float = 0.0,
     seed: int = 0,
 ) -> World:
-    """Build the toy world of chapter 7 (``chapters/07_propagation``) and solve it exactly by backward DP, equation ``(eq-world-bellman)``.
+    """Build the toy world of chapter 7 (:doc:`/chapters/07_propagation`) and solve it exactly by backward DP, equation :eq:`eq-world-bellman`.
 
     Args:
         vocab_size: number of tokens ``V >= 3``, EOS (0) and GOOD (1) included.
@@ -271,7 +271,7 @@ def make_world(
 
 
 def exact_q(world: World, t, context, count) -> np.ndarray:
-    """Exact :math:`Q^\\pi(s, a) = \\bar r(s, a) + \\gamma [a\\ \\text{not final}] V(s')` for every action (chapter 7 (``chapters/07_propagation``)).
+    """Exact :math:`Q^\\pi(s, a) = \\bar r(s, a) + \\gamma [a\\ \\text{not final}] V(s')` for every action (chapter 7 (:doc:`/chapters/07_propagation`)).
 
     ``t``, ``context`` and ``count`` are ints or integer arrays that broadcast
     together; the result has their broadcast shape plus a last axis of size
@@ -302,7 +302,7 @@ def exact_q(world: World, t, context, count) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Rollout:
-    """A batch of sampled responses with everything a critic experiment needs (chapter 7 (``chapters/07_propagation``)).
+    """A batch of sampled responses with everything a critic experiment needs (chapter 7 (:doc:`/chapters/07_propagation`)).
 
     All ``(B, T)`` tensors are right-padded after each response's last token
     (``T`` is the longest response of the batch); padding is 0 (EOS in
@@ -365,9 +365,9 @@ def sample(
     device: Optional[Union[str, torch.device]] = None,
     dtype: torch.dtype = torch.float32,
 ) -> Rollout:
-    """Sample ``batch_size`` responses from :math:`\\pi_\\text{old}` and attach rewards and exact values (chapter 7 (``chapters/07_propagation``)).
+    """Sample ``batch_size`` responses from :math:`\\pi_\\text{old}` and attach rewards and exact values (chapter 7 (:doc:`/chapters/07_propagation`)).
 
-    Rewards follow equation ``(eq-kl-reward)`` of chapter 3 through
+    Rewards follow equation :eq:`eq-kl-reward` of chapter 3 through
     :func:`valuelab.kl_shaped_rewards`; exact advantages are
     :func:`valuelab.td_errors` of the noise-free rewards and the exact values.
 

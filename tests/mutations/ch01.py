@@ -24,6 +24,6 @@ MUTATIONS = [
          why="the N returns are one random variable, not N independent ones"),
     Slip(name="episode-one-token-short", cell=25, old="true_value = L * p + score_mean",
          new="true_value = (L - 1) * p + score_mean", why="exact value summed over T tokens, not T + 1"),
-    Slip(name="loss-without-half", cell=29, old="sp.Rational(1, 2) * (v - g_i[i]) ** 2", new="(v - g_i[i]) ** 2",
+    Slip(name="loss-without-half", cell=30, old="sp.Rational(1, 2) * (v - g_i[i]) ** 2", new="(v - g_i[i]) ** 2",
          why="squared loss without the 1/2: the gradient is twice the residual"),
 ]

@@ -36,6 +36,6 @@ MUTATIONS = [
          new="lam ** N_ * sy.nstep_telescoped", why="mixture's tail weight lambda^N in the induction"),
     Slip(name="mc-without-bootstrap", cell=29, old="bootstrap=True", new="bootstrap=False",
          why="lambda = 1 compared with the Monte-Carlo advantage without gamma^N V(s_{T+1})"),
-    Slip(name="chain-bias-exponent", cell=46, old="lam ** (L4 - 1)", new="lam ** L4",
+    Slip(name="chain-bias-exponent", cell=47, old="lam ** (L4 - 1)", new="lam ** L4",
          why="chain bias with lambda^L instead of lambda^(L-1)"),
 ]

@@ -19,7 +19,7 @@ MUTATIONS = [
     Slip(name="library-clip-bound-halved", function="valuelab.losses:value_loss",
          old="(values - old).clamp(-c, c)", new="(values - old).clamp(-c / 2, c / 2)",
          why="the clip range read as the band's full width, not its half-width"),
-    Slip(name="proof-seq-mean-no-length", cell=23,
+    Slip(name="proof-seq-mean-no-length", cell=24,
          old='"seq-mean-token-mean": half * sp.Sum(per_seq_sum / Lb[bb], (bb, 1, B)) / B',
          new='"seq-mean-token-mean": half * sp.Sum(per_seq_sum, (bb, 1, B)) / B',
          why="the per-sequence mean without its 1/L_b"),
