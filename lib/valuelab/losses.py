@@ -21,7 +21,7 @@ from ._checks import (
 )
 from ._scan import as_batch
 
-__all__ = ["masked_mean", "masked_whiten", "value_loss", "AGGREGATIONS"]
+__all__ = ["masked_mean", "masked_whiten", "value_loss", "aggregate", "AGGREGATIONS"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -105,6 +105,28 @@ def masked_whiten(
     return (out * mw).to(x.dtype)
 
 
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "token-mean") -> torch.Tensor:
+    r"""Reduce a per-token loss to a scalar over the valid tokens (chapter 6, :doc:`/chapters/06_value_loss`).
+
+    ``"token-mean"``: :math:`\sum_{b,t} m\,x / \sum_{b,t} m` (every valid token
+    weighs the same); ``"seq-mean-token-mean"``: the mean over each sequence's
+    valid tokens, then over the non-empty sequences; ``"seq-mean-token-sum"``:
+    the sum over each sequence, then the mean over the non-empty sequences.
+    ``mask`` is a float 0/1 tensor of ``per_token``'s shape. Used by
+    :func:`valuelab.value_loss` and :func:`valuelab.ppo.policy_loss`.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    x, m = as_batch(per_token), as_batch(mask)
+    if aggregation == "token-mean":
+        return (x * m).sum() / m.sum().clamp(min=1)
+    per_seq = (x * m).sum(-1)
+    if aggregation == "seq-mean-token-mean":
+        per_seq = per_seq / m.sum(-1).clamp(min=1)
+    nonempty = (m.sum(-1) > 0).to(x.dtype)  # an empty sequence has no token to average
+    return (per_seq * nonempty).sum() / nonempty.sum().clamp(min=1)
+
+
 def value_loss(
     values: torch.Tensor,
     returns: torch.Tensor,
@@ -146,15 +168,7 @@ def value_loss(
         old = old_values.detach()
         clipped = old + (values - old).clamp(-c, c)
         sq = torch.maximum(sq, (clipped - returns) ** 2)
-    sq, m = as_batch(sq), as_batch(m)
-    if aggregation == "token-mean":
-        loss = 0.5 * (sq * m).sum() / m.sum().clamp(min=1)
-    else:
-        per_seq = (sq * m).sum(-1)
-        if aggregation == "seq-mean-token-mean":
-            per_seq = per_seq / m.sum(-1).clamp(min=1)
-        nonempty = (m.sum(-1) > 0).to(sq.dtype)  # an empty sequence has no token to average
-        loss = 0.5 * (per_seq * nonempty).sum() / nonempty.sum().clamp(min=1)
+    loss = 0.5 * aggregate(sq, m, aggregation)
     try:
         require_finite(loss, "loss")
     except ValueError:
