@@ -309,7 +309,11 @@ class PolicyEvaluation(NamedTuple):
 def evaluate_policy(world: PromptWorld, probs: Union[np.ndarray, torch.Tensor]) -> PolicyEvaluation:
     """Evaluate a state-dependent policy exactly by backward DP, equation :eq:`eq-policy-bellman` of chapter 12 (:doc:`/chapters/12_critic_in_ppo`).
 
-    .. math:: Q^\\pi(s, a) = \\bar r(s, a) + \\gamma\\,[a\\ \\text{not final}]\\,V^\\pi(s'),\\qquad V^\\pi(s) = \\sum_a \\pi(a\\mid s)\\,Q^\\pi(s, a),
+    .. math::
+
+        Q^\\pi(s, a) = \\bar r(s, a) + \\gamma\\,[a\\ \\text{not final}]\\,V^\\pi(s'),
+
+        V^\\pi(s) = \\sum_a \\pi(a\\mid s)\\,Q^\\pi(s, a),
 
     with :math:`\\bar r(s, a) = -\\beta\\log\\frac{\\pi(a\\mid s)}{\\pi_\\text{ref}(a\\mid p, c)} + [a\\ \\text{final}]\\,f(k', t + 1)`,
     the expectation of the k1 KL-shaped reward of chapter 3 (the policy
@@ -363,8 +367,11 @@ class SoftOptimum(NamedTuple):
 def soft_optimal(world: PromptWorld) -> SoftOptimum:
     """Solve the soft Bellman equation :eq:`eq-soft-bellman` of chapter 12 (:doc:`/chapters/12_critic_in_ppo`) by backward DP.
 
-    .. math:: Q^*(s, a) = [a\\ \\text{final}]\\,f(k', t+1) + \\gamma\\,[a\\ \\text{not final}]\\,V^*(s'),\\qquad
-              V^*(s) = \\beta\\log\\sum_a \\pi_\\text{ref}(a\\mid p, c)\\,e^{Q^*(s, a)/\\beta}.
+    .. math::
+
+        Q^*(s, a) = [a\\ \\text{final}]\\,f(k', t+1) + \\gamma\\,[a\\ \\text{not final}]\\,V^*(s'),
+
+        V^*(s) = \\beta\\log\\sum_a \\pi_\\text{ref}(a\\mid p, c)\\,e^{Q^*(s, a)/\\beta}.
 
     :math:`V^*(p, s_0)` is the largest :math:`J` any policy reaches on prompt
     ``p``; with :math:`\\gamma = 1` it equals

@@ -64,8 +64,11 @@ def policy_loss(
 ) -> PolicyLoss:
     r"""PPO's clipped surrogate (Schulman et al., 2017), equation :eq:`eq-ppo-clip` of chapter 12 (:doc:`/chapters/12_critic_in_ppo`).
 
-    .. math:: \mathcal L(\theta) = -\,\overline{\min\big(\rho_t \hat A_t,\ \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)},
-              \qquad \rho_t = e^{\log\pi_\theta(a_t\mid s_t) - \log\pi_\text{old}(a_t\mid s_t)},
+    .. math::
+
+        \mathcal L(\theta) = -\,\overline{\min\big(\rho_t \hat A_t,\ \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon)\,\hat A_t\big)},
+
+        \rho_t = e^{\log\pi_\theta(a_t\mid s_t) - \log\pi_\text{old}(a_t\mid s_t)},
 
     the bar being ``aggregation`` over valid tokens (see
     :func:`valuelab.losses.aggregate`). ``advantages`` and ``old_logprobs``
