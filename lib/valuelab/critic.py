@@ -20,6 +20,7 @@ n-step returns and one with Monte Carlo (equation :eq:`eq-refresh-count`).
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Callable, List, Literal, NamedTuple, Optional, Union
@@ -43,6 +44,7 @@ __all__ = [
     "value_error",
     "FitHistory",
     "fit_critic",
+    "propagation_fraction",
 ]
 
 Target = Literal["mc", "td0", "nstep", "gae"]
@@ -382,3 +384,20 @@ def fit_critic(
         if callback is not None:
             callback(k + 1, critic, history)
     return history
+
+
+def propagation_fraction(k: int, d: int, lam: float) -> float:
+    """:math:`c_k(d) = \\Pr[\\mathrm{Bin}(d - 1, 1 - \\lambda) \\le k - 1]`, equation :eq:`eq-lambda-propagation` of chapter 7 (:doc:`/chapters/07_propagation`).
+
+    The fraction of the value that :math:`k` refreshes of exact tabular fits
+    to GAE(:math:`\\lambda`) targets carry to a token :math:`d` tokens from
+    the end, from :math:`V_0 \\equiv 0`, when the only reward is the score on
+    the last token. ``lam`` in [0, 1]; 0 for ``k = 0``.
+    """
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    d = check_positive_int(d, "d")
+    lam = check_nonnegative_scalar(lam, "lam")
+    if lam > 1:
+        raise ValueError(f"lam must lie in [0, 1], got {lam}")
+    return float(sum(math.comb(d - 1, j) * (1 - lam) ** j * lam ** (d - 1 - j) for j in range(min(int(k), d))))
