@@ -21,7 +21,7 @@ from ._checks import (
 )
 from ._scan import as_batch
 
-__all__ = ["masked_mean", "masked_whiten", "value_loss", "aggregate", "AGGREGATIONS"]
+__all__ = ["masked_mean", "masked_var", "masked_whiten", "value_loss", "aggregate", "AGGREGATIONS"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -64,6 +64,29 @@ def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optio
     else:
         out = s.squeeze(dim) * ((xw / s) * mw).sum(dim) / mw.sum(dim).clamp(min=1)
     return out.to(x.dtype)
+
+
+def masked_var(x: torch.Tensor, mask: Optional[torch.Tensor] = None, unbiased: bool = True) -> torch.Tensor:
+    r"""Variance of the valid entries of ``x``: :math:`\sum_t m_t (x_t - \mu)^2 / (n - 1)` (``unbiased``) or :math:`/\,n`.
+
+    The statistic :func:`valuelab.masked_whiten` divides by (chapter 6). verl and
+    OpenRLHF differ here: verl's whitening uses the unbiased variance.
+    Computed in float64; returned in ``x``'s dtype.
+
+    Raises:
+        ValueError: fewer than two valid entries with ``unbiased`` (none without).
+    """
+    x = check_sequence_tensor(x, "x")
+    m = _mask_for(x, mask)
+    if not isinstance(unbiased, bool):
+        raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
+    xw, mw = _wide(x), _wide(m)
+    count = mw.sum()
+    if count < (2 if unbiased else 1):
+        raise ValueError(f"mask must select at least {2 if unbiased else 1} entries for the {'un' if unbiased else ''}biased variance")
+    mean = (xw * mw).sum() / count
+    centred = (xw - mean) * mw
+    return ((centred * centred).sum() / (count - 1 if unbiased else count)).to(x.dtype)
 
 
 def masked_whiten(

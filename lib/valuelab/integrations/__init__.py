@@ -1,0 +1,17 @@
+"""valuelab inside production trainers: drop-in functions with each trainer's signature and conventions.
+
+* :mod:`valuelab.integrations.verl`: verl's ``compute_gae_advantage_return``
+  (holes skipped and their advantages carried, advantages whitened inside);
+* :mod:`valuelab.integrations.openrlhf`: OpenRLHF's
+  ``get_advantages_and_returns`` (holes zeroed, not skipped).
+
+The two trainers treat a *hole* (a masked position inside a response, such
+as a tool's output) differently; :func:`hole_convention` says how, and
+:func:`valuelab.gae` implements the first by default. Each module's tests
+run the trainer's own function, from its PyPI package, on the same batches.
+"""
+
+from . import openrlhf, verl
+from ._conventions import HOLE_CONVENTIONS, carry_into_holes, hole_convention, zero_holes
+
+__all__ = ["verl", "openrlhf", "HOLE_CONVENTIONS", "hole_convention", "carry_into_holes", "zero_holes"]

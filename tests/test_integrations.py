@@ -1,0 +1,128 @@
+"""valuelab.integrations against the trainers' own functions (from their PyPI packages, see tests/peers.py)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import valuelab as vl
+from valuelab.integrations import HOLE_CONVENTIONS, carry_into_holes, hole_convention, openrlhf, verl, zero_holes
+
+from peers import openrlhf_gae, verl_compute_advantage, verl_gae
+
+
+def batch(seed, bs=16, length=24, holes=True, dtype=torch.float32):
+    """Random rewards and values, right padding after a random length, and optional holes inside responses."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(bs, length, generator=g, dtype=dtype)
+    values = torch.randn(bs, length, generator=g, dtype=dtype)
+    lengths = torch.randint(2, length + 1, (bs,), generator=g)
+    mask = torch.arange(length)[None] < lengths[:, None]
+    if holes:
+        hole = torch.rand(bs, length, generator=g) < 0.25
+        hole[:, 0] = False
+        mask = mask & ~hole
+    return rewards, values, mask.to(torch.int64)
+
+
+CASES = [(seed, holes, gamma, lam) for seed in range(6) for holes in (False, True)
+         for gamma, lam in ((1.0, 0.95), (0.99, 0.9), (1.0, 1.0), (0.9, 0.0))]
+
+
+@pytest.mark.parametrize("seed, holes, gamma, lam", CASES)
+def test_verl_matches_verl(seed, holes, gamma, lam):
+    theirs = verl_gae()
+    rewards, values, mask = batch(seed, holes=holes)
+    adv_v, ret_v = theirs(rewards, values, mask, gamma, lam)
+    adv, ret = verl.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+    torch.testing.assert_close(ret, ret_v, rtol=1e-5, atol=1e-5)  # every position, padding and holes included
+    torch.testing.assert_close(adv, adv_v, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("seed, holes, gamma, lam", CASES)
+def test_openrlhf_matches_openrlhf(seed, holes, gamma, lam):
+    theirs = openrlhf_gae()
+    rewards, values, mask = batch(seed, holes=holes)
+    adv_o, ret_o = theirs(values, rewards, mask, gamma, lam)
+    adv, ret = openrlhf.get_advantages_and_returns(values, rewards, mask, gamma, lam)
+    torch.testing.assert_close(adv, adv_o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ret, ret_o, rtol=1e-5, atol=1e-5)
+    adv_o, _ = theirs(values, rewards, None, gamma, lam)  # no mask: every position is a token
+    torch.testing.assert_close(openrlhf.get_advantages_and_returns(values, rewards, None, gamma, lam)[0], adv_o,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_two_conventions_agree_without_holes_and_differ_with_them():
+    rewards, values, mask = batch(3, holes=False)
+    a_verl = carry_into_holes(vl.gae(rewards, values, mask=mask.bool(), lam=0.95).advantages, mask)
+    a_orlhf, _ = openrlhf.get_advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+    m = mask.bool()
+    torch.testing.assert_close(a_verl[m], a_orlhf[m], rtol=1e-5, atol=1e-5)
+    rewards, values, mask = batch(3, holes=True)
+    m = mask.bool()
+    a_skip = vl.gae(rewards, values, mask=m, lam=0.95).advantages
+    a_zero, _ = openrlhf.get_advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+    assert (a_skip[m] - a_zero[m]).abs().max() > 1e-2  # a token before a hole: bootstrapped from V = 0 under "zero"
+    # "zero" is valuelab.gae on zeroed inputs with no mask, "skip" is valuelab.gae with the mask
+    full = vl.gae(zero_holes(rewards, mask), zero_holes(values, mask), lam=0.95).advantages
+    torch.testing.assert_close(a_zero, full)
+    assert set(HOLE_CONVENTIONS) == {"skip", "zero"} and "OpenRLHF" in hole_convention("zero")
+
+
+def test_carry_into_holes_takes_the_next_valid_entry():
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    mask = torch.tensor([[1, 0, 0, 1, 0]])
+    assert carry_into_holes(x, mask).tolist() == [[1.0, 4.0, 4.0, 4.0, 0.0]]
+
+
+def test_install_swaps_the_function_verls_trainer_calls():
+    """verl's own compute_advantage, run with a core_algos whose GAE valuelab replaced."""
+    compute_advantage = verl_compute_advantage()
+    core_algos = types.ModuleType("core_algos")
+    core_algos.compute_gae_advantage_return = verl_gae()
+    gae_enum = types.SimpleNamespace(GAE="gae")
+    compute_advantage.__globals__.update(core_algos=core_algos, AdvantageEstimator=gae_enum)
+    rewards, values, mask = batch(5, holes=True)
+    config = {"use_pf_ppo": False}
+
+    def run():
+        data = types.SimpleNamespace(batch={"token_level_rewards": rewards, "values": values, "response_mask": mask})
+        return compute_advantage(data, "gae", gamma=1.0, lam=0.95, config=config).batch
+
+    ref = run()
+    restore = verl.install(core_algos)
+    assert core_algos.compute_gae_advantage_return is verl.compute_gae_advantage_return
+    ours = run()
+    restore()
+    assert core_algos.compute_gae_advantage_return is not verl.compute_gae_advantage_return
+    torch.testing.assert_close(ours["advantages"], ref["advantages"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours["returns"], ref["returns"], rtol=1e-5, atol=1e-5)
+
+
+def test_masked_var_matches_its_definition():
+    x = torch.tensor([[1.0, 2.0, 4.0, 100.0]])
+    m = torch.tensor([[1, 1, 1, 0]])
+    assert abs(float(vl.losses.masked_var(x, m)) - 7 / 3) < 1e-6
+    assert abs(float(vl.losses.masked_var(x, m, unbiased=False)) - 14 / 9) < 1e-6
+    with pytest.raises(ValueError):
+        vl.losses.masked_var(x, torch.tensor([[1, 0, 0, 0]]))
+    with pytest.raises(TypeError):
+        vl.losses.masked_var(x, m, unbiased=1)
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda: verl.compute_gae_advantage_return(torch.ones(2, 3), torch.ones(2, 4), torch.ones(2, 3), 1.0, 0.9), ValueError),
+        (lambda: verl.compute_gae_advantage_return(torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 4), 1.0, 0.9), ValueError),
+        (lambda: verl.compute_gae_advantage_return(torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 3), 1.0, 1.5), ValueError),
+        (lambda: openrlhf.get_advantages_and_returns(torch.ones(2, 3), torch.ones(2, 4), None, 1.0, 0.9), ValueError),
+        (lambda: verl.install(object()), TypeError),
+        (lambda: hole_convention("drop"), ValueError),
+    ],
+)
+def test_bad_arguments_raise(call, error):
+    with pytest.raises(error):
+        call()
