@@ -20,7 +20,7 @@ HOLE_CONVENTIONS = {
 
 
 def hole_convention(name: str) -> str:
-    """What ``"skip"`` or ``"zero"`` means, in words (see :data:`HOLE_CONVENTIONS`)."""
+    """What ``"skip"`` or ``"zero"`` means, in words (the dict ``valuelab.integrations.HOLE_CONVENTIONS``)."""
     if name not in HOLE_CONVENTIONS:
         raise ValueError(f"name must be one of {tuple(HOLE_CONVENTIONS)}, got {name!r}")
     return HOLE_CONVENTIONS[name]

@@ -4,7 +4,7 @@ OpenRLHF (``openrlhf.trainer.ppo_utils.experience_maker``, method
 ``get_advantages_and_returns``, checked against OpenRLHF 0.11.2) multiplies
 values and rewards by the action mask and runs the recursion through every
 position: a hole is a token with reward 0 and value 0, not a gap (the
-"zero" convention of :data:`valuelab.integrations.HOLE_CONVENTIONS`). Its
+"zero" convention of ``valuelab.integrations.HOLE_CONVENTIONS``). Its
 advantages are not whitened here (OpenRLHF whitens later, over the batch).
 """
 
