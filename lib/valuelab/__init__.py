@@ -47,7 +47,7 @@ skipped and get 0 in every output.
 """
 
 from .advantages import DecoupledGAE, GAEResult, decoupled_gae, gae, length_adaptive_lam, td_errors
-from .losses import masked_mean, masked_whiten, value_loss
+from .losses import masked_mean, masked_whiten, value_loss, value_loss_stats
 from .returns import discounted_returns, nstep_returns, td_targets
 from .rewards import kl_penalty, kl_shaped_rewards, last_token_onehot
 from .runtime import pick_device, seed_everything
@@ -71,6 +71,7 @@ __all__ = [
     "masked_mean",
     "masked_whiten",
     "value_loss",
+    "value_loss_stats",
     "pick_device",
     "seed_everything",
     "Interval",

@@ -6,7 +6,7 @@ Derived in :doc:`/chapters/06_value_loss`.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -19,9 +19,10 @@ from ._checks import (
     optional_like,
     require_finite,
 )
+from ._dist import all_sum, check_group, global_sum
 from ._scan import as_batch
 
-__all__ = ["masked_mean", "masked_var", "masked_whiten", "value_loss", "aggregate", "AGGREGATIONS"]
+__all__ = ["masked_mean", "masked_var", "masked_whiten", "value_loss", "value_loss_stats", "ValueLossStats", "aggregate", "AGGREGATIONS"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
@@ -46,7 +47,9 @@ def _scale(x: torch.Tensor, m: torch.Tensor, dim: Optional[int]) -> torch.Tensor
     return torch.where(s > 0, s, torch.ones((), dtype=s.dtype, device=s.device))
 
 
-def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optional[int] = None) -> torch.Tensor:
+def masked_mean(
+    x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optional[int] = None, *, group: Any = None
+) -> torch.Tensor:
     r"""Mean of ``x`` over the entries where ``mask`` is 1: :math:`\sum_t m_t x_t / \sum_t m_t`.
 
     With ``dim=None`` the mean is over all valid entries of the batch (a
@@ -54,9 +57,20 @@ def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optio
     never NaN. Taken in float64 on a scale of the largest valid entry, so the
     mean of finite entries is finite (``[3e38, 3e38]`` in float32 has mean
     3e38, not inf). Chapter 6.
+
+    ``group``: a ``torch.distributed`` process group. The sum and the count
+    are then all-reduced over its ranks, so every rank gets the mean of the
+    whole data-parallel batch (``dim`` must be None); the gradient reaches
+    this rank's entries only.
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
+    if check_group(group) is not None:
+        if dim is not None:
+            raise ValueError("dim must be None with group (the mean over the whole distributed batch)")
+        xw, mw = x.to(torch.float64), m.to(torch.float64)
+        count = all_sum(mw.sum().reshape(1), group)[0]
+        return (global_sum((xw * mw).sum(), group) / count.clamp(min=1)).to(x.dtype)
     xw, mw = _wide(x), _wide(m)
     s = _scale(xw, mw, dim)
     if dim is None:
@@ -66,12 +80,15 @@ def masked_mean(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optio
     return out.to(x.dtype)
 
 
-def masked_var(x: torch.Tensor, mask: Optional[torch.Tensor] = None, unbiased: bool = True) -> torch.Tensor:
+def masked_var(
+    x: torch.Tensor, mask: Optional[torch.Tensor] = None, unbiased: bool = True, *, group: Any = None
+) -> torch.Tensor:
     r"""Variance of the valid entries of ``x``: :math:`\sum_t m_t (x_t - \mu)^2 / (n - 1)` (``unbiased``) or :math:`/\,n`.
 
     The statistic :func:`valuelab.masked_whiten` divides by (chapter 6). verl and
     OpenRLHF differ here: verl's whitening uses the unbiased variance.
-    Computed in float64; returned in ``x``'s dtype.
+    Computed in float64; returned in ``x``'s dtype. ``group``: over the whole
+    data-parallel batch, as in :func:`valuelab.masked_mean`.
 
     Raises:
         ValueError: fewer than two valid entries with ``unbiased`` (none without).
@@ -80,6 +97,14 @@ def masked_var(x: torch.Tensor, mask: Optional[torch.Tensor] = None, unbiased: b
     m = _mask_for(x, mask)
     if not isinstance(unbiased, bool):
         raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
+    if check_group(group) is not None:
+        xw, mw = x.to(torch.float64), m.to(torch.float64)
+        count = all_sum(mw.sum().reshape(1), group)[0]
+        if count < (2 if unbiased else 1):
+            raise ValueError(f"mask must select at least {2 if unbiased else 1} entries over the ranks for the variance")
+        mean = global_sum((xw * mw).sum(), group) / count
+        centred = (xw - mean) * mw
+        return (global_sum((centred * centred).sum(), group) / (count - 1 if unbiased else count)).to(x.dtype)
     xw, mw = _wide(x), _wide(m)
     count = mw.sum()
     if count < (2 if unbiased else 1):
@@ -90,7 +115,13 @@ def masked_var(x: torch.Tensor, mask: Optional[torch.Tensor] = None, unbiased: b
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: Optional[torch.Tensor] = None, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor,
+    mask: Optional[torch.Tensor] = None,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    *,
+    group: Any = None,
+    unbiased: bool = True,
 ) -> torch.Tensor:
     r"""Normalise ``x`` with the mean and unbiased variance of its valid entries.
 
@@ -106,12 +137,27 @@ def masked_whiten(
     same and ``eps = 0`` the variance is 0 and the result is 0 (the centred
     values), never NaN.
 
+    ``group``: the mean and variance of the whole data-parallel batch
+    (sums and counts all-reduced over the process group's ranks), as verl
+    and OpenRLHF whiten; ``unbiased=False`` divides the variance by
+    :math:`n` instead of :math:`n - 1`.
+
     Raises:
         ValueError: fewer than two valid entries (the unbiased variance is undefined).
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
     eps = check_nonnegative_scalar(eps, "eps")
+    if not isinstance(unbiased, bool):
+        raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
+    if check_group(group) is not None or not unbiased:
+        xw, mw = x.to(torch.float64), m.to(torch.float64)
+        mean = masked_mean(xw, mw, group=group) if group is not None else (xw * mw).sum() / mw.sum().clamp(min=1)
+        var = masked_var(xw, mw, unbiased=unbiased, group=group)
+        out = (xw - mean) * torch.rsqrt(var + eps) if float(var + eps) > 0 else (xw - mean)
+        if not shift_mean:
+            out = out + mean
+        return (out * mw).to(x.dtype)
     count = m.sum()
     if count < 2:
         raise ValueError("mask must select at least two entries to whiten (unbiased variance)")
@@ -158,6 +204,8 @@ def value_loss(
     old_values: Optional[torch.Tensor] = None,
     clip_range: Optional[float] = None,
     aggregation: str = "token-mean",
+    group: Any = None,
+    global_count: Optional[float] = None,
 ) -> torch.Tensor:
     r"""Critic loss :math:`\tfrac12\,\overline{(V_\phi(s_t) - \hat G_t)^2}`, equation :eq:`eq-value-loss` of chapter 6.
 
@@ -173,6 +221,17 @@ def value_loss(
         aggregation: ``"token-mean"`` (every valid token of the batch weighs the
             same), ``"seq-mean-token-mean"`` (mean per sequence, then over
             sequences) or ``"seq-mean-token-sum"`` (sum per sequence, then mean).
+        group: a ``torch.distributed`` process group when each rank holds a
+            shard of the batch: the denominator (valid tokens, or non-empty
+            sequences for the ``seq-mean`` modes) is all-reduced over its
+            ranks, and the result is this rank's *term*: summed over the
+            ranks it is the loss of the whole batch (data-parallel training
+            averages gradients, so scale by the world size, as verl's
+            ``dp_size`` factor does).
+        global_count: that denominator, when the trainer has it already
+            (verl passes the global token count of the mini-batch, which
+            also covers gradient accumulation over micro-batches); overrides
+            the all-reduce.
 
     Returns:
         A scalar tensor.
@@ -191,7 +250,10 @@ def value_loss(
         old = old_values.detach()
         clipped = old + (values - old).clamp(-c, c)
         sq = torch.maximum(sq, (clipped - returns) ** 2)
-    loss = 0.5 * aggregate(sq, m, aggregation)
+    if group is None and global_count is None:
+        loss = 0.5 * aggregate(sq, m, aggregation)
+    else:
+        loss = 0.5 * _shard_term(sq, m, aggregation, check_group(group), global_count)
     try:
         require_finite(loss, "loss")
     except ValueError:
@@ -200,3 +262,72 @@ def value_loss(
             "scale the returns (or use float64)"
         ) from None
     return loss
+
+
+def _shard_term(sq: torch.Tensor, m: torch.Tensor, aggregation: str, group: Any, global_count: Optional[float]) -> torch.Tensor:
+    """This shard's numerator over the global denominator (tokens, or non-empty sequences)."""
+    x, mm = as_batch(sq), as_batch(m).to(sq.dtype)
+    if aggregation == "token-mean":
+        num, local = (x * mm).sum(), mm.sum()
+    else:
+        per_seq = (x * mm).sum(-1)
+        if aggregation == "seq-mean-token-mean":
+            per_seq = per_seq / mm.sum(-1).clamp(min=1)
+        nonempty = (mm.sum(-1) > 0).to(sq.dtype)
+        num, local = (per_seq * nonempty).sum(), nonempty.sum()
+    if global_count is not None:
+        count = check_nonnegative_scalar(global_count, "global_count")
+        if count <= 0:
+            raise ValueError(f"global_count must be positive, got {global_count}")
+    else:
+        count = float(all_sum(local.reshape(1), group)[0]) if group is not None else float(local)
+    return num / max(count, 1.0)
+
+
+class ValueLossStats(NamedTuple):
+    """Output of :func:`value_loss_stats`: the loss and what trainers log beside it."""
+
+    loss: torch.Tensor
+    """:func:`value_loss` (this rank's term with ``group``)."""
+    clip_fraction: torch.Tensor
+    """Share of valid tokens whose clipped error exceeds the unclipped one (the clip binds; 0 without a clip)."""
+    explained_variance: torch.Tensor
+    """:math:`1 - \\mathrm{Var}(\\hat G - V)/\\mathrm{Var}(\\hat G)` over the valid tokens (biased variances)."""
+
+
+def value_loss_stats(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    *,
+    mask: Optional[torch.Tensor] = None,
+    old_values: Optional[torch.Tensor] = None,
+    clip_range: Optional[float] = None,
+    aggregation: str = "token-mean",
+    group: Any = None,
+    global_count: Optional[float] = None,
+) -> ValueLossStats:
+    """:func:`value_loss` with the value clip fraction and the explained variance, each over the whole batch with ``group`` (chapter 6 (:doc:`/chapters/06_value_loss`)).
+
+    Arguments as in :func:`value_loss`. The two statistics carry no gradient.
+
+    Raises:
+        ValueError: the returns have no spread over the valid tokens (the explained variance is undefined).
+    """
+    loss = value_loss(values, returns, mask=mask, old_values=old_values, clip_range=clip_range,
+                      aggregation=aggregation, group=group, global_count=global_count)
+    with torch.no_grad():
+        m = _mask_for(values, mask)
+        g = returns.detach().to(torch.float64)
+        v = values.detach().to(torch.float64)
+        if clip_range is None:
+            fraction = torch.zeros((), dtype=values.dtype, device=values.device)
+        else:
+            old = old_values.detach().to(torch.float64)
+            c = float(clip_range)
+            binds = ((old + (v - old).clamp(-c, c) - g) ** 2 > (v - g) ** 2).to(torch.float64)
+            fraction = masked_mean(binds, m, group=group).to(values.dtype)
+        total = masked_var(g, m, unbiased=False, group=group)
+        if float(total) <= 0:
+            raise ValueError("returns have no spread over the valid tokens: the explained variance is undefined")
+        ev = (1 - masked_var(g - v, m, unbiased=False, group=group) / total).to(values.dtype)
+    return ValueLossStats(loss, fraction, ev)
