@@ -285,10 +285,10 @@ def _shard_term(sq: torch.Tensor, m: torch.Tensor, aggregation: str, group: Any,
 
 
 class ValueLossStats(NamedTuple):
-    """Output of :func:`value_loss_stats`: the loss and what trainers log beside it."""
+    """Output of :func:`valuelab.value_loss_stats`: the loss and what trainers log beside it."""
 
     loss: torch.Tensor
-    """:func:`value_loss` (this rank's term with ``group``)."""
+    """:func:`valuelab.value_loss` (this rank's term with ``group``)."""
     clip_fraction: torch.Tensor
     """Share of valid tokens whose clipped error exceeds the unclipped one (the clip binds; 0 without a clip)."""
     explained_variance: torch.Tensor
