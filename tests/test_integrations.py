@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 import valuelab as vl
 from valuelab.integrations import HOLE_CONVENTIONS, carry_into_holes, hole_convention, openrlhf, verl, zero_holes
+from valuelab.integrations import torchrl as torchrl_layout
 
 from peers import openrlhf_gae, verl_compute_advantage, verl_gae
 
@@ -126,3 +128,42 @@ def test_masked_var_matches_its_definition():
 def test_bad_arguments_raise(call, error):
     with pytest.raises(error):
         call()
+
+
+def _torchrl_gae():
+    try:
+        from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
+    except Exception:  # noqa: BLE001 - torchrl missing or built for another torch
+        if os.environ.get("REQUIRE_PEERS"):
+            raise
+        pytest.skip("torchrl is not importable")
+    return vec_generalized_advantage_estimate
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.99, 0.9), (0.9, 0.5)])  # TorchRL 0.14.1's vectorised GAE fails at lam = 0
+def test_torchrl_layout_gives_torchrls_gae_equal_to_valuelabs(seed, gamma, lam):
+    vec_gae = _torchrl_gae()
+    rewards, values, mask = batch(seed, holes=False, dtype=torch.float64)
+    m = mask.bool()
+    g = torch.Generator().manual_seed(100 + seed)
+    truncated = torch.rand(m.shape[0], generator=g) < 0.5
+    boot = torch.randn(m.shape[0], generator=g, dtype=torch.float64)
+    kw = torchrl_layout.to_torchrl(rewards, values, m, truncated=truncated, bootstrap=boot)
+    adv_t, ret_t = vec_gae(gamma, lam, **kw, time_dim=-2)
+    ours = vl.gae(rewards, values, mask=m, gamma=gamma, lam=lam, bootstrap=torch.where(truncated, boot, torch.zeros_like(boot)))
+    torch.testing.assert_close(adv_t.squeeze(-1)[m], ours.advantages[m], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ret_t.squeeze(-1)[m], ours.returns[m], rtol=1e-6, atol=1e-6)
+    back = torchrl_layout.from_torchrl(**kw)  # and back to valuelab's layout
+    assert torch.equal(back.mask, m)
+    torch.testing.assert_close(back.bootstrap, torch.where(truncated, boot, torch.zeros_like(boot)))
+    torch.testing.assert_close(back.rewards, torch.where(m, rewards, torch.zeros_like(rewards)))
+
+
+def test_torchrl_layout_refuses_holes_and_truncation_without_bootstrap():
+    rewards, values, mask = batch(0, holes=True)
+    with pytest.raises(ValueError, match="holes"):
+        torchrl_layout.to_torchrl(rewards, values, mask.bool())
+    rewards, values, mask = batch(0, holes=False)
+    with pytest.raises(ValueError, match="bootstrap"):
+        torchrl_layout.to_torchrl(rewards, values, mask.bool(), truncated=torch.ones(mask.shape[0], dtype=torch.bool))

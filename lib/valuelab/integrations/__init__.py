@@ -3,7 +3,9 @@
 * :mod:`valuelab.integrations.verl`: verl's ``compute_gae_advantage_return``
   (holes skipped and their advantages carried, advantages whitened inside);
 * :mod:`valuelab.integrations.openrlhf`: OpenRLHF's
-  ``get_advantages_and_returns`` (holes zeroed, not skipped).
+  ``get_advantages_and_returns`` (holes zeroed, not skipped);
+* :mod:`valuelab.integrations.torchrl`: TorchRL's ``done`` / ``terminated``
+  layout to valuelab's mask and bootstrap, and back.
 
 The two trainers treat a *hole* (a masked position inside a response, such
 as a tool's output) differently; :func:`hole_convention` says how, and
@@ -11,7 +13,7 @@ as a tool's output) differently; :func:`hole_convention` says how, and
 run the trainer's own function, from its PyPI package, on the same batches.
 """
 
-from . import openrlhf, verl
+from . import openrlhf, torchrl, verl
 from ._conventions import HOLE_CONVENTIONS, carry_into_holes, hole_convention, zero_holes
 
-__all__ = ["verl", "openrlhf", "HOLE_CONVENTIONS", "hole_convention", "carry_into_holes", "zero_holes"]
+__all__ = ["verl", "openrlhf", "torchrl", "HOLE_CONVENTIONS", "hole_convention", "carry_into_holes", "zero_holes"]
