@@ -20,8 +20,8 @@ has read exactly that is :math:`j = t`. So
   (:func:`state_values`), for :math:`t = 0..T-1`: the prompt position for
   :math:`t = 0`. Reading position :math:`t + 1` instead (the one that holds
   :math:`a_t`) gives a "value" that has already seen the action it is meant
-  to judge: the off-by-one that trainers fix in their ``values[:, -L-1:-1]``
-  slice (verl issues 847 and 1960);
+  to judge. Trainers take the aligned slice as ``values[:, -L-1:-1]``; where
+  the shift belongs is a recurring question (verl issues 847 and 1960);
 * the reward model's score of a finished response is the head at position
   :math:`n`, the one that has read the last token (:func:`final_scores`).
 
