@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-PEERS = {"verl": "0.9.1", "openrlhf": "0.11.2"}  # = requirements-peers.txt
+PEERS = {"verl": "0.9.1", "openrlhf": "0.11.2", "trl": "0.19.1"}  # = requirements-peers.txt
 
 
 def peer_file(package: str, relpath: str) -> Path:
@@ -83,3 +83,31 @@ def openrlhf_gae():
     method = peer_function("openrlhf", relpath, "get_advantages_and_returns",
                            {"torch": torch, "Tuple": typing.Tuple, "Optional": typing.Optional}, cls=owner)
     return lambda *args, **kw: method(None, *args, **kw)
+
+
+def trl_ppo_block():
+    """TRL 0.19.1's PPO reward and GAE steps, as it runs them inline in ``PPOTrainer.train``.
+
+    TRL keeps these steps inside ``train()``, not in a function of their own,
+    so the statements from the padding masks to the whitened advantages are
+    taken from the installed file as they are and run in a namespace that
+    holds the tensors ``train()`` would have at that point. Returns a
+    function of those tensors and ``args`` that returns the namespace after.
+    """
+    import torch
+
+    path = peer_file("trl", "trainer/ppo_trainer.py")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    first = next(i for i, line in enumerate(lines) if "response_idxs = torch.arange(responses.shape[1]" in line)
+    last = next(i for i, line in enumerate(lines) if "advantages = torch.masked_fill(advantages, padding_mask, 0)" in line)
+    code = compile(textwrap.dedent("\n".join(lines[first:last + 1])), f"{path}:train", "exec")
+    core = {"torch": torch}
+    for fn in ("masked_mean", "masked_var", "masked_whiten"):
+        core[fn] = peer_function("trl", "core.py", fn, core)
+
+    def run(**tensors):
+        ns = {"torch": torch, "masked_whiten": core["masked_whiten"], "INVALID_LOGPROB": 1.0, **tensors}
+        exec(code, ns)  # noqa: S102 - TRL's own statements, from its installed package
+        return ns
+
+    return run

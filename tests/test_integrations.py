@@ -11,8 +11,9 @@ import torch
 import valuelab as vl
 from valuelab.integrations import HOLE_CONVENTIONS, carry_into_holes, hole_convention, openrlhf, verl, zero_holes
 from valuelab.integrations import torchrl as torchrl_layout
+from valuelab.integrations import trl as trl_layout
 
-from peers import openrlhf_gae, verl_compute_advantage, verl_gae
+from peers import openrlhf_gae, trl_ppo_block, verl_compute_advantage, verl_gae
 
 
 def batch(seed, bs=16, length=24, holes=True, dtype=torch.float32):
@@ -167,3 +168,54 @@ def test_torchrl_layout_refuses_holes_and_truncation_without_bootstrap():
     rewards, values, mask = batch(0, holes=False)
     with pytest.raises(ValueError, match="bootstrap"):
         torchrl_layout.to_torchrl(rewards, values, mask.bool(), truncated=torch.ones(mask.shape[0], dtype=torch.bool))
+
+
+def trl_tensors(seed, bs=12, length=16):
+    """What TRL's train() holds before its reward step: log-probs, values, scores and each response's last index."""
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, length, (bs,), generator=g)
+    seq[0] = length - 1  # a response that fills its row: no room for the phantom step
+    return dict(
+        responses=torch.zeros(bs, length, dtype=torch.long),
+        sequence_lengths=seq,
+        logprobs=-torch.rand(bs, length, generator=g) * 3,
+        ref_logprobs=-torch.rand(bs, length, generator=g) * 3,
+        values=torch.randn(bs, length, generator=g),
+        scores=torch.randn(bs, generator=g),
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (1.0, 1.0), (0.9, 0.8)])
+def test_trl_advantages_match_trls_ppo_trainer(seed, gamma, lam):
+    run = trl_ppo_block()
+    args = types.SimpleNamespace(kl_estimator="k1", kl_coef=0.05, whiten_rewards=False, gamma=gamma, lam=lam)
+    ns = run(args=args, **trl_tensors(seed))
+    adv, ret = trl_layout.trl_advantages(ns["rewards"], ns["values"], ns["sequence_lengths"], gamma, lam)
+    torch.testing.assert_close(adv, ns["advantages"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ret, ns["returns"], rtol=1e-5, atol=1e-5)
+
+
+def test_trl_phantom_step_and_its_fix():
+    """Without the phantom step the score sits on EOS; with gamma = lam = 1 the phantom's value cancels, else it does not."""
+    run = trl_ppo_block()
+    tensors = trl_tensors(7)
+    args = types.SimpleNamespace(kl_estimator="k1", kl_coef=0.05, whiten_rewards=False, gamma=1.0, lam=1.0)
+    ns = run(args=args, **tensors)
+    n = ns["sequence_lengths"]
+    fixed = trl_layout.from_trl(ns["rewards"], ns["values"], n, phantom=False)
+    kept = trl_layout.from_trl(ns["rewards"], ns["values"], n, phantom=True)
+    rows = torch.arange(n.numel())
+    torch.testing.assert_close(fixed.rewards.sum(-1), ns["rewards"].sum(-1))  # the score moved, not lost
+    assert torch.equal(fixed.mask.sum(-1), n + 1) and bool((kept.mask.sum(-1) >= n + 1).all())
+    valid = fixed.mask
+    a_fixed = vl.gae(fixed.rewards, fixed.values, mask=fixed.mask, gamma=1.0, lam=1.0).advantages
+    a_kept = vl.gae(kept.rewards, kept.values, mask=kept.mask, gamma=1.0, lam=1.0).advantages
+    torch.testing.assert_close(a_fixed[valid], a_kept[valid], rtol=1e-5, atol=1e-5)
+    a_fixed = vl.gae(fixed.rewards, fixed.values, mask=fixed.mask, gamma=1.0, lam=0.9).advantages
+    a_kept = vl.gae(kept.rewards, kept.values, mask=kept.mask, gamma=1.0, lam=0.9).advantages
+    has_phantom = n + 1 < n.new_tensor(valid.shape[1])
+    gap = (a_fixed - a_kept)[rows[has_phantom], n[has_phantom]]
+    assert gap.abs().max() > 1e-3  # lam < 1: the phantom's value leaks into the EOS token's advantage
+    with pytest.raises(ValueError):
+        trl_layout.from_trl(ns["rewards"], ns["values"], n + 100)

@@ -5,7 +5,9 @@
 * :mod:`valuelab.integrations.openrlhf`: OpenRLHF's
   ``get_advantages_and_returns`` (holes zeroed, not skipped);
 * :mod:`valuelab.integrations.torchrl`: TorchRL's ``done`` / ``terminated``
-  layout to valuelab's mask and bootstrap, and back.
+  layout to valuelab's mask and bootstrap, and back;
+* :mod:`valuelab.integrations.trl`: TRL's PPO tensors (the score one step
+  past EOS) in valuelab's layout, with or without that phantom step.
 
 The two trainers treat a *hole* (a masked position inside a response, such
 as a tool's output) differently; :func:`hole_convention` says how, and
@@ -13,7 +15,7 @@ as a tool's output) differently; :func:`hole_convention` says how, and
 run the trainer's own function, from its PyPI package, on the same batches.
 """
 
-from . import openrlhf, torchrl, verl
+from . import openrlhf, torchrl, trl, verl
 from ._conventions import HOLE_CONVENTIONS, carry_into_holes, hole_convention, zero_holes
 
-__all__ = ["verl", "openrlhf", "torchrl", "HOLE_CONVENTIONS", "hole_convention", "carry_into_holes", "zero_holes"]
+__all__ = ["verl", "openrlhf", "torchrl", "trl", "HOLE_CONVENTIONS", "hole_convention", "carry_into_holes", "zero_holes"]
