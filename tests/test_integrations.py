@@ -82,11 +82,9 @@ def test_carry_into_holes_takes_the_next_valid_entry():
 
 def test_install_swaps_the_function_verls_trainer_calls():
     """verl's own compute_advantage, run with a core_algos whose GAE valuelab replaced."""
-    compute_advantage = verl_compute_advantage()
     core_algos = types.ModuleType("core_algos")
     core_algos.compute_gae_advantage_return = verl_gae()
-    gae_enum = types.SimpleNamespace(GAE="gae")
-    compute_advantage.__globals__.update(core_algos=core_algos, AdvantageEstimator=gae_enum)
+    compute_advantage = verl_compute_advantage(core_algos)
     rewards, values, mask = batch(5, holes=True)
     config = {"use_pf_ppo": False}
 

@@ -1,0 +1,92 @@
+"""Run a function on several CPU processes joined by gloo, and the statistics chapter 14 compares across ranks (chapter 14 (:doc:`/chapters/14_trainers`)).
+
+:func:`run_on_ranks` starts ``world_size`` processes (``spawn``), joins them
+in a ``torch.distributed`` gloo group through a file in a private temporary
+folder, calls ``fn(rank, world_size, *args)`` in each and returns what each
+returned (``torch.save``-able). :func:`shard_statistics` is such a function:
+it takes its rows of a seeded batch and computes valuelab's masked
+statistics and value loss with ``group=`` the whole group, so that the
+result can be compared with :func:`batch_statistics` on the whole batch in
+one process.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Callable, Dict, List, Sequence
+
+import torch
+
+from ._checks import check_positive_int
+from .losses import AGGREGATIONS, masked_mean, masked_var, masked_whiten, value_loss_stats
+
+__all__ = ["run_on_ranks", "demo_batch", "batch_statistics", "shard_statistics"]
+
+
+def _entry(rank: int, fn: Callable, world: int, init_file: str, out_dir: str, args: tuple) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.save(fn(rank, world, *args), os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_ranks(fn: Callable, world_size: int, *args: Any) -> List[Any]:
+    """``[fn(0, world_size, *args), ..., fn(world_size - 1, ...)]``, each in its own process of one gloo group.
+
+    ``fn`` must be importable by name (a module-level function), as
+    ``spawn`` requires.
+    """
+    import torch.multiprocessing as mp
+
+    world_size = check_positive_int(world_size, "world_size")
+    if not callable(fn) or getattr(fn, "__module__", "__main__") == "__main__" or "<" in getattr(fn, "__qualname__", "<"):
+        raise TypeError("fn must be a module-level function of an importable module (spawn pickles it by name)")
+    with tempfile.TemporaryDirectory() as tmp:  # private (0700): nothing is read from a folder others can write
+        mp.spawn(_entry, args=(fn, world_size, os.path.join(tmp, "init"), tmp, args), nprocs=world_size, join=True)
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
+
+
+def demo_batch(seed: int = 0, rows: int = 16, length: int = 12):
+    """A seeded batch of critic values, targets, frozen values and a right-padded mask (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randn(rows, length, generator=g, dtype=torch.float64)
+    returns = values + 0.7 * torch.randn(rows, length, generator=g, dtype=torch.float64)
+    old = values + 0.3 * torch.randn(rows, length, generator=g, dtype=torch.float64)
+    lengths = torch.randint(0, length + 1, (rows,), generator=g)
+    lengths[0] = length
+    mask = torch.arange(length)[None] < lengths[:, None]
+    return values, returns, old, mask
+
+
+def batch_statistics(values, returns, old, mask, group=None, clip_range: float = 0.2) -> Dict[str, torch.Tensor]:
+    """Masked mean, variances, whitening, the value loss of every aggregation with its gradient, clip fraction and explained variance."""
+    out = {
+        "mean": masked_mean(returns, mask, group=group),
+        "var_unbiased": masked_var(returns, mask, group=group),
+        "var_biased": masked_var(returns, mask, unbiased=False, group=group),
+        "whiten": masked_whiten(returns, mask, group=group),
+        "whiten_biased": masked_whiten(returns, mask, group=group, unbiased=False),
+    }
+    for agg in AGGREGATIONS:
+        v = values.clone().requires_grad_(True)
+        st = value_loss_stats(v, returns, mask=mask, old_values=old, clip_range=clip_range, aggregation=agg, group=group)
+        st.loss.backward()
+        out[f"loss_{agg}"] = st.loss.detach()
+        out[f"grad_{agg}"] = v.grad
+        out["clip_fraction"], out["explained_variance"] = st.clip_fraction, st.explained_variance
+    return out
+
+
+def shard_statistics(rank: int, world_size: int, sizes: Sequence[int], seed: int = 0) -> Dict[str, torch.Tensor]:
+    """:func:`batch_statistics` of this rank's rows of :func:`demo_batch` (rank r holds ``sizes[r]`` rows), over the whole group."""
+    import torch.distributed as dist
+
+    values, returns, old, mask = demo_batch(seed, rows=sum(sizes))
+    start = sum(sizes[:rank])
+    rows = slice(start, start + sizes[rank])
+    return batch_statistics(values[rows], returns[rows], old[rows], mask[rows], dist.group.WORLD)

@@ -1,0 +1,123 @@
+"""The trainers' own functions, read from their installed packages without importing them (chapter 14 (:doc:`/chapters/14_trainers`)).
+
+verl's and OpenRLHF's package ``__init__`` pull in ray, deepspeed, vLLM and
+more. The functions valuelab is compared with need only torch, so
+:func:`load_function` finds the installed source file
+(``importlib.util.find_spec`` of the top-level package does not run its
+``__init__``), takes the function's source as the package ships it and
+executes it in a small namespace. The code compared is the trainer's own,
+unchanged. Install the trainers with
+``pip install --no-deps verl==0.9.1 openrlhf==0.11.2 trl==0.19.1``
+(``requirements-peers.txt``).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import textwrap
+import typing
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Dict, Optional
+
+import torch
+
+__all__ = ["VERSIONS", "installed", "source_file", "load_function", "verl_gae", "verl_compute_advantage",
+           "openrlhf_gae", "trl_ppo_block"]
+
+VERSIONS = {"verl": "0.9.1", "openrlhf": "0.11.2", "trl": "0.19.1"}
+"""The releases the integrations were checked against (``requirements-peers.txt``)."""
+
+
+def installed(package: str) -> bool:
+    """True when ``package`` is installed in the release of :data:`VERSIONS`."""
+    if package not in VERSIONS:
+        raise ValueError(f"package must be one of {tuple(VERSIONS)}, got {package!r}")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    try:
+        return importlib.metadata.version(package) == VERSIONS[package]
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def source_file(package: str, relpath: str) -> Path:
+    """The installed file ``relpath`` of ``package`` (``FileNotFoundError`` when the package is not installed)."""
+    if not installed(package):
+        raise FileNotFoundError(f"{package}=={VERSIONS.get(package)} is not installed: pip install --no-deps -r requirements-peers.txt")
+    spec = importlib.util.find_spec(package)
+    return Path(list(spec.submodule_search_locations)[0]) / relpath
+
+
+def load_function(package: str, relpath: str, name: str, namespace: Dict, cls: Optional[str] = None) -> Callable:
+    """The function (or ``cls``'s method) ``name`` of the installed file, executed in a copy of ``namespace``; decorators dropped."""
+    path = source_file(package, relpath)
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    scope = tree.body
+    if cls is not None:
+        scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    node = next((n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        raise LookupError(f"{name} not found in {path}")
+    ns = dict(namespace)
+    exec(compile(textwrap.dedent(ast.get_source_segment(source, node)), f"{path}:{name}", "exec"), ns)  # noqa: S102
+    return ns[name]
+
+
+def verl_gae() -> Callable:
+    """verl's ``compute_gae_advantage_return`` with the ``masked_whiten`` it calls (``verl.utils.torch_functional``)."""
+    helpers: Dict = {"torch": torch}
+    for fn in ("masked_sum", "masked_mean", "masked_var", "masked_whiten"):
+        helpers[fn] = load_function("verl", "utils/torch_functional.py", fn, helpers)
+    verl_F = SimpleNamespace(**{k: v for k, v in helpers.items() if k != "torch"})
+    return load_function("verl", "trainer/ppo/core_algos.py", "compute_gae_advantage_return", {"torch": torch, "verl_F": verl_F})
+
+
+def verl_compute_advantage(core_algos: object) -> Callable:
+    """verl's ``ray_trainer.compute_advantage``, reading GAE from ``core_algos`` (a module whose function can be swapped)."""
+    return load_function("verl", "trainer/ppo/ray_trainer.py", "compute_advantage",
+                         {"torch": torch, "core_algos": core_algos, "AdvantageEstimator": SimpleNamespace(GAE="gae")})
+
+
+def openrlhf_gae() -> Callable:
+    """OpenRLHF's ``get_advantages_and_returns`` (a method of its experience maker; ``self`` is unused)."""
+    relpath = "trainer/ppo_utils/experience_maker.py"
+    tree = ast.parse(source_file("openrlhf", relpath).read_text(encoding="utf-8"))
+    owner = next(n.name for n in tree.body if isinstance(n, ast.ClassDef)
+                 and any(isinstance(f, ast.FunctionDef) and f.name == "get_advantages_and_returns" for f in n.body))
+    method = load_function("openrlhf", relpath, "get_advantages_and_returns",
+                           {"torch": torch, "Tuple": typing.Tuple, "Optional": typing.Optional}, cls=owner)
+    return lambda *args, **kw: method(None, *args, **kw)
+
+
+def trl_ppo_block() -> Callable:
+    """TRL 0.19.1's PPO reward and GAE steps, which it runs inline in ``PPOTrainer.train``.
+
+    The statements from the padding masks to the whitened advantages are
+    taken from the installed file as they are. The returned function runs
+    them on the tensors ``train()`` holds at that point (``responses``,
+    ``sequence_lengths``, ``logprobs``, ``ref_logprobs``, ``values``,
+    ``scores`` and ``args``) and returns the namespace after them.
+    """
+    path = source_file("trl", "trainer/ppo_trainer.py")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    first = next(i for i, line in enumerate(lines) if "response_idxs = torch.arange(responses.shape[1]" in line)
+    last = next(i for i, line in enumerate(lines) if "advantages = torch.masked_fill(advantages, padding_mask, 0)" in line)
+    code = compile(textwrap.dedent("\n".join(lines[first:last + 1])), f"{path}:train", "exec")
+    core: Dict = {"torch": torch}
+    for fn in ("masked_mean", "masked_var", "masked_whiten"):
+        core[fn] = load_function("trl", "core.py", fn, core)
+
+    def run(**tensors: object) -> Dict:
+        ns = {"torch": torch, "masked_whiten": core["masked_whiten"], "INVALID_LOGPROB": 1.0, **tensors}
+        with warnings.catch_warnings():  # TRL indexes with a list of tensors, which newer torch warns about
+            warnings.filterwarnings("ignore", message="Using a non-tuple sequence for multidimensional indexing")
+            exec(code, ns)  # noqa: S102 - TRL's own statements, from its installed package
+        return ns
+
+    return run
