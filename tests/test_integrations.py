@@ -57,6 +57,13 @@ def test_openrlhf_matches_openrlhf(seed, holes, gamma, lam):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_openrlhf_outputs_carry_no_gradient_as_in_openrlhf():
+    rewards, values, mask = batch(1)
+    values.requires_grad_(True)
+    adv, ret = openrlhf.get_advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+    assert not adv.requires_grad and not ret.requires_grad
+
+
 def test_the_two_conventions_agree_without_holes_and_differ_with_them():
     rewards, values, mask = batch(3, holes=False)
     a_verl = carry_into_holes(vl.gae(rewards, values, mask=mask.bool(), lam=0.95).advantages, mask)

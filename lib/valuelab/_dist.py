@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["check_group", "all_sum", "global_sum"]
+__all__ = ["check_group", "all_sum", "global_sums"]
 
 
 def check_group(group: Any) -> Optional[Any]:
@@ -43,7 +43,12 @@ def all_sum(t: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
-def global_sum(local: torch.Tensor, group: Any) -> torch.Tensor:
-    """The sum of the scalar ``local`` over the ranks, as a float64 value whose gradient is ``local``'s own."""
-    total = all_sum(local.reshape(1), group)[0]
-    return total + (local - local.detach()).to(torch.float64)
+def global_sums(group: Any, *local: torch.Tensor) -> torch.Tensor:
+    """Several scalar sums over the ranks in one all-reduce (float64); each keeps its own local gradient.
+
+    With ``group`` None the sums are the local ones, in float64.
+    """
+    stacked = torch.stack([x.to(torch.float64).reshape(()) for x in local])
+    if group is None:
+        return stacked
+    return all_sum(stacked, group) + (stacked - stacked.detach())

@@ -19,7 +19,7 @@ from ._checks import (
     optional_like,
     require_finite,
 )
-from ._dist import all_sum, check_group, global_sum
+from ._dist import all_sum, check_group, global_sums
 from ._scan import as_batch
 
 __all__ = ["masked_mean", "masked_var", "masked_whiten", "value_loss", "value_loss_stats", "ValueLossStats", "aggregate", "AGGREGATIONS"]
@@ -69,8 +69,8 @@ def masked_mean(
         if dim is not None:
             raise ValueError("dim must be None with group (the mean over the whole distributed batch)")
         xw, mw = x.to(torch.float64), m.to(torch.float64)
-        count = all_sum(mw.sum().reshape(1), group)[0]
-        return (global_sum((xw * mw).sum(), group) / count.clamp(min=1)).to(x.dtype)
+        total, count = global_sums(group, (xw * mw).sum(), mw.sum())  # one all-reduce
+        return (total / count.clamp(min=1)).to(x.dtype)
     xw, mw = _wide(x), _wide(m)
     s = _scale(xw, mw, dim)
     if dim is None:
@@ -98,13 +98,7 @@ def masked_var(
     if not isinstance(unbiased, bool):
         raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
     if check_group(group) is not None:
-        xw, mw = x.to(torch.float64), m.to(torch.float64)
-        count = all_sum(mw.sum().reshape(1), group)[0]
-        if count < (2 if unbiased else 1):
-            raise ValueError(f"mask must select at least {2 if unbiased else 1} entries over the ranks for the variance")
-        mean = global_sum((xw * mw).sum(), group) / count
-        centred = (xw - mean) * mw
-        return (global_sum((centred * centred).sum(), group) / (count - 1 if unbiased else count)).to(x.dtype)
+        return _moments(x, m, group, unbiased)[1].to(x.dtype)
     xw, mw = _wide(x), _wide(m)
     count = mw.sum()
     if count < (2 if unbiased else 1):
@@ -112,6 +106,19 @@ def masked_var(
     mean = (xw * mw).sum() / count
     centred = (xw - mean) * mw
     return ((centred * centred).sum() / (count - 1 if unbiased else count)).to(x.dtype)
+
+
+def _moments(x: torch.Tensor, m: torch.Tensor, group: Any, unbiased: bool):
+    """float64 mean and variance of the valid entries, over ``group``'s ranks when given (two all-reduces)."""
+    xw, mw = x.to(torch.float64), m.to(torch.float64)
+    total, count = global_sums(group, (xw * mw).sum(), mw.sum())
+    if count < (2 if unbiased else 1):
+        where = " over the ranks" if group is not None else ""
+        raise ValueError(f"mask must select at least {2 if unbiased else 1} entries{where} for the {'un' if unbiased else ''}biased variance")
+    mean = total / count
+    centred = (xw - mean) * mw
+    (squares,) = global_sums(group, (centred * centred).sum())
+    return mean, squares / (count - 1 if unbiased else count)
 
 
 def masked_whiten(
@@ -152,8 +159,7 @@ def masked_whiten(
         raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
     if check_group(group) is not None or not unbiased:
         xw, mw = x.to(torch.float64), m.to(torch.float64)
-        mean = masked_mean(xw, mw, group=group) if group is not None else (xw * mw).sum() / mw.sum().clamp(min=1)
-        var = masked_var(xw, mw, unbiased=unbiased, group=group)
+        mean, var = _moments(x, m, group, unbiased)
         out = (xw - mean) * torch.rsqrt(var + eps) if float(var + eps) > 0 else (xw - mean)
         if not shift_mean:
             out = out + mean

@@ -33,7 +33,7 @@ def get_advantages_and_returns(
     Masked positions are zeroed and then treated as tokens (no mask is passed
     to :func:`valuelab.gae`), exactly as OpenRLHF's loop does. Returns
     ``(advantages, returns)``, ``returns = advantages + values`` with the
-    zeroed values; no gradient flows into the advantages.
+    zeroed values; no gradient flows into either.
     """
     values = check_sequence_tensor(values, "values")
     rewards = check_sequence_tensor(rewards, "rewards")
@@ -42,6 +42,6 @@ def get_advantages_and_returns(
     if action_mask is not None:
         m = check_mask(action_mask, values, "action_mask")
         values, rewards = zero_holes(values, m), zero_holes(rewards, m)
-    with torch.no_grad():
+    with torch.no_grad():  # OpenRLHF runs the whole method under no_grad: neither output carries a gradient
         adv = gae(rewards, values, gamma=float(gamma), lam=float(lambd)).advantages
-    return adv, adv + values
+        return adv, adv + values
