@@ -31,6 +31,7 @@ __all__ = [
     "check_mask",
     "check_unit_interval",
     "check_bootstrap",
+    "check_int",
     "check_positive_int",
     "check_nonnegative_scalar",
     "real_number",
@@ -281,6 +282,13 @@ def check_bootstrap(bootstrap: object, like: torch.Tensor, name: str = "bootstra
         raise TypeError(f"{name} must be a float or a torch.Tensor, got {type(bootstrap).__name__}")
     require_finite(b, name)
     return b
+
+
+def check_int(n: object, name: str) -> int:
+    """A Python int (not bool), as an ``int``; ``TypeError`` naming ``name`` otherwise."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+    return int(n)
 
 
 def check_positive_int(n: object, name: str) -> int:

@@ -25,14 +25,13 @@ policy, for many independent runs at once.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from ._checks import check_nonnegative_scalar, check_positive_int
+from ._checks import check_int, check_nonnegative_scalar, check_positive_int
 from .advantages import td_errors
 from .rewards import kl_shaped_rewards
 from .world import EOS, GOOD, Rollout, ScoreFn, _check_unit, _generator, _score_table, fraction_good
@@ -171,8 +170,7 @@ def make_prompt_world(
     beta = check_nonnegative_scalar(beta, "beta")
     gamma = _check_unit(gamma, "gamma")
     logit_scale = check_nonnegative_scalar(logit_scale, "logit_scale")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    seed = check_int(seed, "seed")
     if score_fn is None:
         score_fn = count_good
     elif not callable(score_fn):

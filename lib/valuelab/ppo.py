@@ -25,11 +25,12 @@ from typing import List, NamedTuple, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ._checks import check_like, check_mask, check_nonnegative_scalar, check_positive_int, check_sequence_tensor
+from ._checks import check_int, check_like, check_mask, check_nonnegative_scalar, check_positive_int, check_sequence_tensor
 from .advantages import decoupled_gae, length_adaptive_lam
 from .losses import aggregate, masked_mean, masked_whiten, value_loss
 from .policy import PromptBatch, PromptWorld, evaluate_policy, reward_model_start, sample_responses, soft_optimal
 from .returns import discounted_returns
+from .runtime import pick_device
 
 __all__ = [
     "policy_loss",
@@ -325,12 +326,11 @@ def train_ppo(
     if not isinstance(seeds, (list, tuple)) or not seeds:
         raise ValueError("seeds must be a non-empty list of ints")
     for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
-            raise TypeError(f"seeds must hold ints, got {type(s).__name__}")
+        check_int(s, "seeds[i]")
     if (world.n_prompts * config.samples_per_prompt) % config.minibatches:
         raise ValueError("minibatches must divide n_prompts * samples_per_prompt (equal minibatches per run)")
     if device is None:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = pick_device()
     device = torch.device(device)
 
     R, S, V = len(seeds), world.n_states, world.vocab_size

@@ -40,13 +40,12 @@ mixes models, so each one's result is what it would be alone.
 from __future__ import annotations
 
 import copy
-import numbers
 from typing import Optional
 
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import check_int, check_positive_int
 from .policy import PromptBatch, PromptWorld
 
 __all__ = [
@@ -58,12 +57,6 @@ __all__ = [
     "tile",
     "explained_variance",
 ]
-
-
-def _check_int(x: object, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-    return int(x)
 
 
 class TinyTransformer(nn.Module):
@@ -108,7 +101,7 @@ class TinyTransformer(nn.Module):
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads must divide d_model, got d_model={d_model}, n_heads={n_heads}")
         if seed is not None:
-            seed = _check_int(seed, "seed")
+            seed = check_int(seed, "seed")
         R, D, F, Lyr = self.n_models, self.d_model, self.d_ff, self.n_layers
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
 
