@@ -9,6 +9,7 @@ those packages are absent; the benchmark then runs without their columns.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -328,3 +329,31 @@ def test_target_report_met_and_not_met():
                         "holes/rp": False}
     assert "499x" in lines[1] and "3.50x" in lines[4]  # the measured values are printed
     assert bench.target_report([dict(r, T=1024) for r in _target_rows()]) == []  # no target row: no report
+
+
+def test_torchrl_dropin_line():
+    """The drop-in line: valuelab's TorchRL-signature GAE against TorchRL's, checked, then timed (a small shape here)."""
+    pytest.importorskip("torchrl")
+    res = bench.torchrl_dropin(4, 300, "float32", "cpu", budget_s=0.05, hi=5)
+    assert res["rounds"] >= 5 and 0 <= res["max_err"] <= res["tol"] < 1e-2
+    assert 0 < res["dropin_min_ms"] <= res["dropin_ms"] and 0 < res["torchrl_min_ms"] <= res["torchrl_ms"]
+    assert res["ratio"] == pytest.approx(res["torchrl_min_ms"] / res["dropin_min_ms"])
+    line = bench.dropin_report(res)
+    assert line.startswith("torchrl drop-in (cpu, float32, (4, 300, 1), done 1/200)") and "torchrl/dropin = " in line
+    assert ("NOT met" in line) == (res["ratio"] < bench.DROPIN_TARGET)
+
+
+def test_torchrl_dropin_line_without_torchrl(monkeypatch):
+    monkeypatch.setattr(bench, "_load_torchrl", lambda: None)
+    assert bench.torchrl_dropin(4, 300, "float32", "cpu", budget_s=0.05) is None
+    assert bench.dropin_report(None) == "torchrl drop-in: n/a (torchrl cannot be imported)"
+
+
+def test_run_prints_the_dropin_line_when_the_grid_has_the_target_shape(monkeypatch, capsys):
+    pytest.importorskip("torchrl")
+    monkeypatch.setattr(bench, "TARGET", ("cpu", "float32", 2, 40))
+    args = argparse.Namespace(quick=True, repeats=3, out=None)
+    bench._run(args, [], [CPU], [torch.float32], [(2, 40)], False, bench.in_process)
+    assert "torchrl drop-in (cpu, float32, (2, 40, 1), done 1/200)" in capsys.readouterr().out
+    bench._run(args, [], [CPU], [torch.float64], [(2, 40)], False, bench.in_process)  # not the target's dtype: no line
+    assert "torchrl drop-in" not in capsys.readouterr().out

@@ -49,31 +49,31 @@ def test_openrlhf_matches_openrlhf(seed, holes, gamma, lam):
     theirs = openrlhf_gae()
     rewards, values, mask = batch(seed, holes=holes)
     adv_o, ret_o = theirs(values, rewards, mask, gamma, lam)
-    adv, ret = openrlhf.get_advantages_and_returns(values, rewards, mask, gamma, lam)
+    adv, ret = openrlhf.advantages_and_returns(values, rewards, mask, gamma, lam)
     torch.testing.assert_close(adv, adv_o, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ret, ret_o, rtol=1e-5, atol=1e-5)
     adv_o, _ = theirs(values, rewards, None, gamma, lam)  # no mask: every position is a token
-    torch.testing.assert_close(openrlhf.get_advantages_and_returns(values, rewards, None, gamma, lam)[0], adv_o,
+    torch.testing.assert_close(openrlhf.advantages_and_returns(values, rewards, None, gamma, lam)[0], adv_o,
                                rtol=1e-5, atol=1e-5)
 
 
 def test_openrlhf_outputs_carry_no_gradient_as_in_openrlhf():
     rewards, values, mask = batch(1)
     values.requires_grad_(True)
-    adv, ret = openrlhf.get_advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+    adv, ret = openrlhf.advantages_and_returns(values, rewards, mask, 1.0, 0.95)
     assert not adv.requires_grad and not ret.requires_grad
 
 
 def test_the_two_conventions_agree_without_holes_and_differ_with_them():
     rewards, values, mask = batch(3, holes=False)
     a_verl = carry_into_holes(vl.gae(rewards, values, mask=mask.bool(), lam=0.95).advantages, mask)
-    a_orlhf, _ = openrlhf.get_advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+    a_orlhf, _ = openrlhf.advantages_and_returns(values, rewards, mask, 1.0, 0.95)
     m = mask.bool()
     torch.testing.assert_close(a_verl[m], a_orlhf[m], rtol=1e-5, atol=1e-5)
     rewards, values, mask = batch(3, holes=True)
     m = mask.bool()
     a_skip = vl.gae(rewards, values, mask=m, lam=0.95).advantages
-    a_zero, _ = openrlhf.get_advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+    a_zero, _ = openrlhf.advantages_and_returns(values, rewards, mask, 1.0, 0.95)
     assert (a_skip[m] - a_zero[m]).abs().max() > 1e-2  # a token before a hole: bootstrapped from V = 0 under "zero"
     # "zero" is valuelab.gae on zeroed inputs with no mask, "skip" is valuelab.gae with the mask
     full = vl.gae(zero_holes(rewards, mask), zero_holes(values, mask), lam=0.95).advantages
@@ -126,7 +126,7 @@ def test_masked_var_matches_its_definition():
         (lambda: verl.compute_gae_advantage_return(torch.ones(2, 3), torch.ones(2, 4), torch.ones(2, 3), 1.0, 0.9), ValueError),
         (lambda: verl.compute_gae_advantage_return(torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 4), 1.0, 0.9), ValueError),
         (lambda: verl.compute_gae_advantage_return(torch.ones(2, 3), torch.ones(2, 3), torch.ones(2, 3), 1.0, 1.5), ValueError),
-        (lambda: openrlhf.get_advantages_and_returns(torch.ones(2, 3), torch.ones(2, 4), None, 1.0, 0.9), ValueError),
+        (lambda: openrlhf.advantages_and_returns(torch.ones(2, 3), torch.ones(2, 4), None, 1.0, 0.9), ValueError),
         (lambda: verl.install(object()), TypeError),
         (lambda: hole_convention("drop"), ValueError),
     ],
@@ -224,3 +224,86 @@ def test_trl_phantom_step_and_its_fix():
     assert gap.abs().max() > 1e-3  # lam < 1: the phantom's value leaks into the EOS token's advantage
     with pytest.raises(ValueError):
         trl_layout.from_trl(ns["rewards"], ns["values"], n + 100)
+
+
+# --- the inputs the peers accept: mixed dtypes, per-row gamma, scalars, NaN at masked positions ----------
+
+
+@pytest.mark.parametrize("vdtype, rdtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                            (torch.float32, torch.float64), (torch.bfloat16, torch.bfloat16)])
+def test_mixed_dtypes_promote_as_the_peers_do(vdtype, rdtype):
+    """Output dtype = the promoted one, as the peers' arithmetic gives. Values: exact where the peers' steps are
+    exact in the half dtype (gamma = 1, mixed inputs: the loop then adds in float32); with gamma < 1 verl and
+    OpenRLHF round gamma * V to the half dtype at every step, and valuelab does not, so they agree to that
+    rounding (bf16: 2**-8 relative per step), not more."""
+    rewards, values, mask = batch(7)
+    rewards, values = rewards.to(rdtype), values.to(vdtype)
+    both_half = rdtype in (torch.bfloat16, torch.float16)
+    for gamma in (1.0, 0.99):
+        exact = gamma == 1.0 and not both_half
+        tol = dict(rtol=1e-4, atol=1e-4) if exact or vdtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+        adv_v, ret_v = verl_gae()(rewards, values, mask, gamma, 0.95)
+        adv, ret = verl.compute_gae_advantage_return(rewards, values, mask, gamma, 0.95)
+        assert adv.dtype == adv_v.dtype and ret.dtype == ret_v.dtype == torch.promote_types(vdtype, rdtype)
+        if both_half:  # both round in the half dtype: valuelab's error against float64 is no larger than verl's
+            ref = verl_gae()(rewards.double(), values.double(), mask, gamma, 0.95)[1]
+            assert float((ret.double() - ref).abs().max()) <= float((ret_v.double() - ref).abs().max()) + 1e-2
+        else:
+            torch.testing.assert_close(ret.double(), ret_v.double(), **tol)
+        adv_o, ret_o = openrlhf_gae()(values, rewards, mask, gamma, 0.95)
+        adv, ret = openrlhf.advantages_and_returns(values, rewards, mask, gamma, 0.95)
+        assert adv.dtype == adv_o.dtype and ret.dtype == ret_o.dtype
+        if not both_half:
+            torch.testing.assert_close(ret.double(), ret_o.double(), **tol)
+
+
+def test_verl_per_row_tensor_gamma_and_lam():
+    rewards, values, mask = batch(8)
+    gamma = torch.linspace(0.8, 1.0, rewards.shape[0])
+    lam = torch.linspace(0.5, 1.0, rewards.shape[0])
+    adv_v, ret_v = verl_gae()(rewards, values, mask, gamma, lam)  # verl's loop broadcasts (bs,) per row
+    adv, ret = verl.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
+    torch.testing.assert_close(ret, ret_v, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(adv, adv_v, rtol=1e-4, atol=1e-4)
+    # the nearest wrong reading, one gamma for every row, is far off
+    adv_one, _ = verl.compute_gae_advantage_return(rewards, values, mask, float(gamma.mean()), lam)
+    assert float((adv_one - adv_v).abs().max()) > 0.05
+    adv0, _ = verl.compute_gae_advantage_return(rewards, values, mask, torch.tensor(0.9), torch.tensor(0.95))
+    torch.testing.assert_close(adv0, verl_gae()(rewards, values, mask, 0.9, 0.95)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad, error", [(True, TypeError), ("0.9", TypeError), (torch.tensor(True), TypeError),
+                                        (1.5, ValueError), (float("nan"), ValueError), (torch.ones(3), ValueError),
+                                        (torch.tensor([1], dtype=torch.long), TypeError)])
+@pytest.mark.parametrize("which", ["gamma", "lam"])
+def test_scalars_refused_as_vl_gae_refuses_them(bad, error, which):
+    rewards, values, mask = batch(9)
+    kw = {"gamma": 1.0, "lam": 0.95, which: bad}
+    with pytest.raises(error, match=which):
+        verl.compute_gae_advantage_return(rewards, values, mask, kw["gamma"], kw["lam"])
+    kw = {"gamma": 1.0, "lambd": 0.95, ("lambd" if which == "lam" else which): bad}
+    with pytest.raises(error, match="lambd" if which == "lam" else which):
+        openrlhf.advantages_and_returns(values, rewards, mask, kw["gamma"], kw["lambd"])
+
+
+def test_nan_at_a_masked_position_is_refused_and_the_peers_would_spread_it():
+    rewards, values, mask = batch(10, holes=False)
+    row = int((mask.sum(-1) < mask.shape[1]).nonzero()[0])
+    values[row, -1] = float("nan")  # a padding position
+    adv_v, _ = verl_gae()(rewards, values, mask, 1.0, 0.95)
+    assert bool(torch.isnan(adv_v).all())  # verl: NaN * 0 is NaN, and the whitening spreads it to the batch
+    adv_o, _ = openrlhf_gae()(values, rewards, mask, 1.0, 0.95)
+    assert bool(torch.isnan(adv_o[row, mask[row].bool()]).all())
+    with pytest.raises(ValueError, match=r"values holds NaN or inf \(at masked positions only\).*NaN \* 0"):
+        verl.compute_gae_advantage_return(rewards, values, mask, 1.0, 0.95)
+    with pytest.raises(ValueError, match=r"values holds NaN or inf \(at masked positions only\)"):
+        openrlhf.advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+
+
+def test_openrlhf_method_binds_with_self():
+    rewards, values, mask = batch(11)
+    cls = type("Maker", (), {"get_advantages_and_returns": openrlhf.get_advantages_and_returns})
+    adv, ret = cls().get_advantages_and_returns(values, rewards, mask, 1.0, 0.95)
+    adv_o, ret_o = openrlhf_gae()(values, rewards, mask, 1.0, 0.95)
+    torch.testing.assert_close(adv, adv_o, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ret, ret_o, rtol=1e-5, atol=1e-5)

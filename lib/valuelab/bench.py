@@ -76,6 +76,16 @@ threads the C kernel uses for the shape (0 where it does not run). At the
 end the targets are checked on the CPU, float32, B=64, T=4096 rows (see
 :data:`TARGETS`: ``loop/fast >= 500``, ``lfilter/fast >= 5``,
 ``torchrl/fast >= 50``, ``fast/floor <= 3``, ``holes/rp <= 2``).
+
+When the grid has that shape, one more line (:func:`torchrl_dropin`, run in
+the contenders' process): TorchRL's ``vec_generalized_advantage_estimate``
+against valuelab's drop-in of the same name
+(:func:`valuelab.integrations.torchrl.vec_generalized_advantage_estimate`)
+on TorchRL's own layout, ``(64, 4096, 1)`` float32 with several
+trajectories per row (``done`` at about 1 step in 200, half of them
+``terminated``), checked against each other first, then timed interleaved;
+it prints both times (minimum and median) and ``torchrl/dropin``, which
+must be at least 1 (:data:`DROPIN_TARGET`).
 """
 
 from __future__ import annotations
@@ -708,6 +718,66 @@ def target_report(rows: List[dict]) -> List[str]:
     return lines
 
 
+DROPIN_DONE = 1 / 200
+"""Density of ``done`` in :func:`torchrl_dropin`'s batch (half of those steps are ``terminated``)."""
+DROPIN_TARGET = 1.0
+"""``torchrl/dropin`` (ratio of minimum times) must be at least this: the drop-in is no slower than TorchRL."""
+
+
+def torchrl_dropin(B: int, T: int, dtype: str, device: str, budget_s: float, hi: int = 25,
+                   seed: int = 0) -> Optional[dict]:
+    """TorchRL's ``vec_generalized_advantage_estimate`` against valuelab's drop-in, on TorchRL's layout; None without torchrl.
+
+    The batch is ``(B, T, 1)``: random values, next values and rewards, and
+    several trajectories per row (``done`` with probability
+    :data:`DROPIN_DONE`, half of them ``terminated``), ``gamma`` and
+    ``lmbda`` the benchmark's. The two outputs are compared first (the
+    difference must be within :func:`tolerance`, TorchRL's truncation
+    included, else :class:`ContenderMismatch`), then the two functions are
+    timed interleaved, 5 to ``hi`` rounds in about ``budget_s``. Returns the
+    times in ms (``*_ms`` medians, ``*_min_ms`` minima), ``ratio`` (TorchRL's
+    minimum over the drop-in's), ``rounds``, ``max_err`` and ``tol``.
+    """
+    vec_gae = _load_torchrl()
+    if vec_gae is None:
+        return None
+    from .integrations.torchrl import vec_generalized_advantage_estimate as dropin
+
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    sv, nsv, r = (torch.randn(B, T, 1, generator=gen, dtype=torch.float64).to(getattr(torch, dtype)).to(dev)
+                  for _ in range(3))
+    done = torch.rand(B, T, 1, generator=gen) < DROPIN_DONE
+    terminated = done & (torch.rand(B, T, 1, generator=gen) < 0.5)
+    args = (GAMMA, LAM, sv, nsv, r, done.to(dev), terminated.to(dev))
+    fns = {"torchrl": lambda: vec_gae(*args, time_dim=-2), "dropin": lambda: dropin(*args, time_dim=-2)}
+    (want, t_theirs), (got, t_ours) = _first_call(fns["torchrl"], dev), _first_call(fns["dropin"], dev)
+    tol = tolerance(r.squeeze(-1), torch.maximum(sv.abs(), nsv.abs()).squeeze(-1), GAMMA, LAM, TORCHRL_THRESHOLD)
+    err = max(float((g.double() - w.double()).abs().max()) for g, w in zip(got, want))
+    if not err <= tol:
+        raise ContenderMismatch(f"torchrl drop-in: differs from TorchRL's vec_generalized_advantage_estimate by "
+                                f"{err:.3g} (tolerance {tol:.3g})")
+    rounds = _repeats_for(t_theirs + t_ours, budget_s, lo=5, hi=hi)
+    res = time_interleaved(fns, dev, repeats=rounds, warmup=1)
+    return {"B": B, "T": T, "dtype": dtype, "device": dev.type,
+            "torchrl_ms": res["torchrl"][0] * 1e3, "torchrl_min_ms": res["torchrl"][1] * 1e3,
+            "dropin_ms": res["dropin"][0] * 1e3, "dropin_min_ms": res["dropin"][1] * 1e3,
+            "ratio": res["torchrl"][1] / res["dropin"][1], "rounds": rounds, "max_err": err, "tol": tol}
+
+
+def dropin_report(res: Optional[dict]) -> str:
+    """The benchmark's line for :func:`torchrl_dropin`'s result (``n/a`` without torchrl)."""
+    if res is None:
+        return "torchrl drop-in: n/a (torchrl cannot be imported)"
+    met = "met" if res["ratio"] >= DROPIN_TARGET else "NOT met"
+    return (f"torchrl drop-in ({res['device']}, {res['dtype']}, ({res['B']}, {res['T']}, 1), done 1/"
+            f"{round(1 / DROPIN_DONE)}): valuelab.integrations.torchrl.vec_generalized_advantage_estimate "
+            f"{res['dropin_min_ms']:.3g} ms, TorchRL's {res['torchrl_min_ms']:.3g} ms (minima of {res['rounds']} "
+            f"interleaved rounds; medians {res['dropin_ms']:.3g} / {res['torchrl_ms']:.3g} ms): torchrl/dropin = "
+            f"{_ratio_text(res['ratio'])}x (target >= {DROPIN_TARGET:g}x: {met}); outputs differ by "
+            f"{res['max_err']:.2g} (tolerance {res['tol']:.2g})")
+
+
 def git_commit(where: Optional[Path] = None) -> str:
     """``git rev-parse HEAD`` of the checkout holding ``where`` (default: this file), ``-dirty`` appended when
     ``git status --porcelain`` lists anything; ``"unknown"`` outside a git checkout or without git."""
@@ -864,6 +934,11 @@ def _run(args: argparse.Namespace, argv: Optional[List[str]], devices: List[torc
           f"(largest error / tolerance: {worst:.2g})", flush=True)
     for line in target_report(rows):
         print(line)
+    _, _, tB, tT = TARGET
+    if "cpu" in [d.type for d in devices] and torch.float32 in dtypes and (tB, tT) in grid:
+        machine["torchrl_dropin"] = dropin = call(torchrl_dropin, tB, tT, "float32", "cpu",
+                                                  0.4 if args.quick else 3.0)
+        print(dropin_report(dropin), flush=True)
     if args.out:
         with open(args.out, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)

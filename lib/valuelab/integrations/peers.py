@@ -26,7 +26,8 @@ from typing import Callable, Dict, Optional
 import torch
 
 __all__ = ["VERSIONS", "installed", "source_file", "load_function", "verl_gae", "verl_compute_advantage",
-           "openrlhf_gae", "trl_ppo_block"]
+           "openrlhf_gae", "trl_ppo_block", "runtime_available", "demo_batch", "verl_advantages", "verl_run_ppo",
+           "torchrl_functional"]
 
 VERSIONS = {"verl": "0.9.1", "openrlhf": "0.11.2", "trl": "0.19.1"}
 """The releases the integrations were checked against (``requirements-peers.txt``)."""
@@ -121,3 +122,121 @@ def trl_ppo_block() -> Callable:
         return ns
 
     return run
+
+
+# --- the trainers' real modules and processes (chapter 14; tests/test_trainer_processes.py) ----------------
+
+
+def runtime_available() -> bool:
+    """True when verl's trainer module and Ray import for real (``requirements-trainers.txt`` and the peers installed).
+
+    The import's console chatter (verl's warnings about engines it lacks) is kept out of the caller's output.
+    """
+    import contextlib  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    if not installed("verl") or importlib.util.find_spec("ray") is None:
+        return False
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            import verl.trainer.ppo.ray_trainer  # noqa: F401, PLC0415
+        except ImportError:
+            return False
+    return True
+
+
+def demo_batch(seed: int, rows: int = 6, length: int = 12):
+    """``(rewards, values, mask)``: random float32 ``(rows, length)`` tensors, right padding and holes (mask int64)."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(rows, length, generator=g)
+    values = torch.randn(rows, length, generator=g)
+    lengths = torch.randint(3, length + 1, (rows,), generator=g)
+    mask = torch.arange(length)[None] < lengths[:, None]
+    hole = torch.rand(rows, length, generator=g) < 0.25
+    hole[:, 0] = False
+    return rewards, values, (mask & ~hole).long()
+
+
+def verl_advantages(seed: int, gamma: float, lam: float) -> torch.Tensor:
+    """verl's own ``ray_trainer.compute_advantage`` on :func:`demo_batch` in this process (whatever GAE ``core_algos`` holds)."""
+    from verl.protocol import DataProto  # noqa: PLC0415
+    from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: PLC0415
+
+    rewards, values, mask = demo_batch(seed)
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "values": values, "response_mask": mask})
+    return compute_advantage(data, "gae", gamma=gamma, lam=lam, config={"use_pf_ppo": False}).batch["advantages"]
+
+
+def verl_run_ppo(overrides=(), *, seed: int = 2, gamma: float = 0.99, lam: float = 0.95, quiet: bool = True) -> Dict:
+    """verl's own launcher, ``verl.trainer.main_ppo.run_ppo``, with a probe where its ``TaskRunner`` actor stands.
+
+    The config is verl's ``ppo_trainer.yaml`` composed with Hydra and
+    ``overrides`` (what a user types on the command line), plus one CPU for
+    Ray. ``run_ppo`` calls ``ray.init`` with the ``runtime_env`` it builds
+    and runs the actor's ``run(config)``; the probe calls verl's
+    ``compute_advantage`` on :func:`demo_batch` there and reports its process
+    id, the module of ``core_algos.compute_gae_advantage_return`` and of
+    ``get_adv_estimator_fn("gae")``, and the advantages. Ray is shut down
+    after. Needs :func:`runtime_available`; takes about 10 s. ``quiet``
+    keeps verl's and Ray's console output (its ``ray init kwargs`` line,
+    the workers' logs) out of the caller's.
+    """
+    import contextlib  # noqa: PLC0415
+    import io  # noqa: PLC0415
+    import logging  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import ray  # noqa: PLC0415
+    import verl  # noqa: PLC0415
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+    from verl.trainer.main_ppo import run_ppo  # noqa: PLC0415
+
+    if ray.is_initialized():
+        raise RuntimeError("Ray is already running in this process: verl's run_ppo would not start it with its runtime_env")
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        quiet_ray = ["+ray_kwargs.ray_init.log_to_driver=false", f"+ray_kwargs.ray_init.logging_level={logging.ERROR}"]
+        config = compose("ppo_trainer", overrides=[*overrides, "ray_kwargs.ray_init.num_cpus=1",
+                                                   f"algorithm.gamma={gamma}", f"algorithm.lam={lam}",
+                                                   *(quiet_ray if quiet else [])])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+
+        @ray.remote(num_cpus=0)
+        class TaskRunner:
+            def run(self, config):
+                import verl.trainer.ppo.core_algos as core_algos  # noqa: PLC0415
+
+                adv = verl_advantages(seed, float(config.algorithm.gamma), float(config.algorithm.lam))
+                report = {"pid": os.getpid(), "attribute": core_algos.compute_gae_advantage_return.__module__,
+                          "registry": core_algos.get_adv_estimator_fn("gae").__module__, "advantages": adv.tolist()}
+                with open(out, "w", encoding="utf-8") as f:
+                    json.dump(report, f)
+
+        sink = io.StringIO()
+        muted = (contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings())
+        with contextlib.ExitStack() as stack:
+            if quiet:
+                for m in muted:
+                    stack.enter_context(m)
+                warnings.simplefilter("ignore")
+            try:
+                run_ppo(config, task_runner_class=TaskRunner)
+            finally:
+                ray.shutdown()
+        with open(out, encoding="utf-8") as f:
+            report = json.load(f)
+    report["runtime_env"] = {k: v for k, v in config.ray_kwargs.ray_init.runtime_env.items()}
+    report["advantages"] = torch.tensor(report["advantages"])
+    return report
+
+
+def torchrl_functional():
+    """TorchRL's ``torchrl.objectives.value.functional`` module (its own GAE functions), or ImportError."""
+    import torchrl.objectives.value.functional as functional  # noqa: PLC0415
+
+    return functional

@@ -1,4 +1,4 @@
-"""verl's GAE with valuelab inside: same signature, same outputs (chapter 11 (:doc:`/chapters/11_pitfalls`)).
+"""verl's GAE with valuelab inside: same signature, same outputs, in verl's own Ray workers (chapter 14 (:doc:`/chapters/14_trainers`)).
 
 verl (``verl.trainer.ppo.core_algos.compute_gae_advantage_return``, checked
 against verl 0.9.1) runs a loop over tokens that skips masked positions
@@ -8,22 +8,27 @@ the response mask (unbiased variance, ``1e-8`` inside the square root)
 without zeroing the masked positions. :func:`compute_gae_advantage_return`
 computes the same tensors with :func:`valuelab.gae` (no loop over tokens).
 
-**Putting it into verl.** verl's trainer calls the function by its module
-attribute (``ray_trainer.compute_advantage`` reads
-``core_algos.compute_gae_advantage_return`` at call time, and registering a
-new estimator would not reach that branch), so replace the attribute on the
-driver before the trainer starts::
+**Where verl computes advantages.** ``verl.trainer.main_ppo`` calls
+``ray.init`` and runs ``trainer.fit()`` inside a Ray actor (the
+``TaskRunner``), another process. ``ray_trainer.compute_advantage`` reads
+``core_algos.compute_gae_advantage_return`` there, at call time (other
+estimators go through ``core_algos.get_adv_estimator_fn``). A swap made in
+the launching process never reaches that actor. Two ways in:
 
-    import verl.trainer.ppo.core_algos as core_algos
-    from valuelab.integrations import verl as vl_verl
-
-    restore = vl_verl.install(core_algos)   # ... run the trainer ...; restore() puts verl's back
+* **verl's own launcher** (``python -m verl.trainer.main_ppo ...``): add
+  the Hydra override :data:`HYDRA_OVERRIDE`,
+  ``+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=valuelab.integrations.verl.ray_worker_setup``.
+  verl merges ``ray_kwargs.ray_init.runtime_env`` into the ``runtime_env``
+  it hands ``ray.init``, and Ray runs :func:`ray_worker_setup` in every
+  worker process before it runs any task or actor;
+* **in one process** (a notebook, a test, your own loop calling verl's
+  functions without Ray): ``restore = install()``.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Callable, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -31,8 +36,16 @@ from .._checks import check_mask, check_nonnegative_scalar, check_sequence_tenso
 from ..advantages import gae
 from ..losses import masked_mean, masked_var
 from ._conventions import carry_into_holes
+from ._swap import installed, promoted, rate, refuse_nonfinite, swap
 
-__all__ = ["compute_gae_advantage_return", "whiten", "install"]
+__all__ = ["compute_gae_advantage_return", "whiten", "install", "is_installed", "ray_worker_setup",
+           "RAY_WORKER_SETUP", "HYDRA_OVERRIDE"]
+
+RAY_WORKER_SETUP = "valuelab.integrations.verl.ray_worker_setup"
+"""The import path Ray's ``runtime_env["worker_process_setup_hook"]`` takes."""
+
+HYDRA_OVERRIDE = f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={RAY_WORKER_SETUP}"
+"""The command-line override of ``verl.trainer.main_ppo`` (verl 0.9.1) that installs valuelab in every Ray worker."""
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -55,39 +68,88 @@ def compute_gae_advantage_return(
     """verl's ``compute_gae_advantage_return``, computed by :func:`valuelab.gae` (equation :eq:`eq-gae-recursion` of chapter 5).
 
     Args:
-        token_level_rewards, values: ``(bs, response_length)``.
+        token_level_rewards, values: ``(bs, response_length)``, any float
+            dtypes: the outputs have their common dtype, as verl's arithmetic
+            gives (bf16 values with fp32 rewards give fp32 outputs). Half
+            precision is computed in float32 and rounded once; verl's loop
+            rounds ``gamma * V`` at every step, so with bf16 values and
+            ``gamma < 1`` the two differ by bf16 rounding, valuelab's the
+            closer to the exact value.
         response_mask: ``(bs, response_length)``, 1 on the tokens the policy
             generated (0 on padding and on holes such as tool outputs).
-        gamma, lam: floats (or 0-d tensors).
+        gamma, lam: numbers in [0, 1], 0-d tensors, or ``(bs,)`` tensors (one
+            per row, as verl's loop broadcasts them). Bools and strings are
+            refused.
 
     Returns:
         ``(advantages, returns)``: the GAE advantages with holes skipped and
         carried, whitened over the mask; ``returns`` = carried advantages +
         ``values``, before whitening. No gradient, as in verl.
+
+    Raises:
+        ValueError: NaN or inf anywhere in the rewards or values, masked
+            positions included: verl would return NaN advantages for that row
+            (``NaN * 0`` is NaN); valuelab refuses and says so.
     """
-    rewards = check_sequence_tensor(token_level_rewards, "token_level_rewards")
-    values = check_sequence_tensor(values, "values")
+    rewards = check_sequence_tensor(token_level_rewards, "token_level_rewards", finite=False)
+    values = check_sequence_tensor(values, "values", finite=False)
     if values.shape != rewards.shape:
         raise ValueError(f"values must have the shape of token_level_rewards {tuple(rewards.shape)}, got {tuple(values.shape)}")
     m = check_mask(response_mask, rewards, "response_mask")
-    if isinstance(gamma, torch.Tensor):
-        gamma = float(gamma)
-    if isinstance(lam, torch.Tensor):
-        lam = float(lam)
+    for name, x in (("token_level_rewards", rewards), ("values", values)):
+        refuse_nonfinite(x, name, m, "verl")
+    rows = rewards.shape[0] if rewards.dim() == 2 else 1
+    g = rate(gamma, "gamma", rows, per_row=rewards.dim() == 2)
+    l_ = rate(lam, "lam", rows, per_row=rewards.dim() == 2)
+    out, (rewards, values) = promoted(("token_level_rewards", rewards), ("values", values))
     with torch.no_grad():
-        adv = carry_into_holes(gae(rewards, values, mask=m, gamma=gamma, lam=lam).advantages, m)
+        values = values.detach()
+        adv = carry_into_holes(gae(rewards.detach(), values, mask=m, gamma=g, lam=l_).advantages, m)
         returns = adv + values
-        return whiten(adv, m), returns
+        return whiten(adv, m).to(out), returns.to(out)
 
 
-def install(core_algos: ModuleType) -> Callable[[], None]:
-    """Replace ``core_algos.compute_gae_advantage_return`` with :func:`compute_gae_advantage_return`; returns a function that restores verl's."""
+def _core_algos(core_algos: Optional[ModuleType]) -> ModuleType:
+    if core_algos is None:
+        import verl.trainer.ppo.core_algos as core_algos  # noqa: PLC0415 - verl is optional
     if not isinstance(core_algos, ModuleType) or not hasattr(core_algos, "compute_gae_advantage_return"):
         raise TypeError("core_algos must be the module verl.trainer.ppo.core_algos")
-    original = core_algos.compute_gae_advantage_return
-    core_algos.compute_gae_advantage_return = compute_gae_advantage_return
+    return core_algos
 
-    def restore() -> None:
-        core_algos.compute_gae_advantage_return = original
 
-    return restore
+def install(core_algos: Optional[ModuleType] = None) -> Callable[[], None]:
+    """Put :func:`compute_gae_advantage_return` into verl in *this* process; returns a function that puts verl's back.
+
+    Replaces ``core_algos.compute_gae_advantage_return`` (what
+    ``ray_trainer.compute_advantage`` calls) and the registry entry
+    ``ADV_ESTIMATOR_REGISTRY["gae"]`` (what ``get_adv_estimator_fn("gae")``
+    returns). ``core_algos`` defaults to ``verl.trainer.ppo.core_algos``.
+    Idempotent: installing twice changes nothing, and the restore function
+    always puts verl's original back. For verl's Ray workers use
+    :func:`ray_worker_setup` instead: a swap here does not reach them.
+    """
+    mod = _core_algos(core_algos)
+    registry = getattr(mod, "ADV_ESTIMATOR_REGISTRY", None)
+    return swap(mod, "compute_gae_advantage_return", compute_gae_advantage_return,
+                registry=registry if isinstance(registry, dict) else None, key="gae")
+
+
+def is_installed(core_algos: Optional[ModuleType] = None) -> bool:
+    """True when verl's GAE, by attribute and by registry, is valuelab's in this process."""
+    mod = _core_algos(core_algos)
+    registry = getattr(mod, "ADV_ESTIMATOR_REGISTRY", None)
+    in_registry = not isinstance(registry, dict) or registry.get("gae") is compute_gae_advantage_return
+    return installed(mod, "compute_gae_advantage_return", compute_gae_advantage_return) and in_registry
+
+
+def ray_worker_setup() -> None:
+    """Ray's ``worker_process_setup_hook``: :func:`install` into ``verl.trainer.ppo.core_algos`` in every Ray worker.
+
+    Pass it by its import path :data:`RAY_WORKER_SETUP`, e.g.
+    ``ray.init(runtime_env={"worker_process_setup_hook": RAY_WORKER_SETUP})``,
+    or to verl's launcher as the override :data:`HYDRA_OVERRIDE`. Ray runs it
+    once in each worker process before any task or actor; an error here
+    (verl missing in the worker's environment) stops the worker, so training
+    never runs silently with verl's own GAE.
+    """
+    install()
