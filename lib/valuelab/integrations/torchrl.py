@@ -15,7 +15,7 @@ from its next value: valuelab's ``bootstrap``.
   functions of those names (same signature, same ``(advantage,
   value_target)``), any number of trajectories per row, any ``time_dim``,
   feature dimensions, tensor ``gamma`` / ``lmbda``; computed by valuelab's
-  scan (:func:`valuelab._fastscan.fast_backward_scan`) without a Python loop
+  scan (``valuelab._fastscan.fast_backward_scan``) without a Python loop
   over the steps.
 * :func:`to_torchrl` and :func:`from_torchrl`: valuelab's right-padded
   ``(B, T)`` batch (one trajectory per row, a mask) as TorchRL's ``(B, T, 1)``
@@ -196,7 +196,7 @@ def generalized_advantage_estimate(
 
     No Python loop over the steps: the TD errors are computed elementwise,
     time is moved to the last axis and the other axes flattened into rows,
-    and valuelab's scan :func:`valuelab._fastscan.fast_backward_scan` solves
+    and valuelab's scan ``valuelab._fastscan.fast_backward_scan`` solves
     the recursion with the per-step decay ``gamma * lmbda * (1 - done)``
     (:eq:`eq-fast-scan` of chapter 9). TorchRL's two functions compute the
     same thing; so do valuelab's two, which share this implementation. The
