@@ -82,3 +82,36 @@ def test_pm_fixed_decimals_and_bad_input():
 def test_pm_never_prints_negative_zero():
     ci = vl.mean_ci([-0.0001, 0.0, 0.00005])
     assert vl.stats.pm(ci, 2).startswith("0.00 ± ")
+
+
+def test_equivalence_is_scipys_two_one_sided_tests():
+    """TOST: equivalent iff both one-sided t-tests reject at alpha, i.e. the 1 - 2 alpha interval is inside the margin."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from valuelab.stats import equivalence
+
+    rng = np.random.default_rng(3)
+    agree = 0
+    for trial in range(300):
+        x = rng.normal(rng.uniform(-0.004, 0.004), 0.003, size=int(rng.integers(5, 40)))
+        margin = 0.003
+        p_low = scipy_stats.ttest_1samp(x, -margin, alternative="greater").pvalue
+        p_high = scipy_stats.ttest_1samp(x, margin, alternative="less").pvalue
+        e = equivalence(x, margin)
+        assert e.equivalent == (p_low < 0.05 and p_high < 0.05)
+        assert e.interval.level == pytest.approx(0.9)
+        agree += e.equivalent
+    assert 20 < agree < 280  # both verdicts occur: the check is not vacuous
+
+
+def test_equivalence_is_not_the_95_interval_containing_zero():
+    """The nearest wrong rule, 'the 95% interval contains 0', rewards few seeds; TOST does not."""
+    from valuelab.stats import equivalence
+
+    few = np.array([0.004, -0.003, 0.005])  # wide interval: contains 0, yet nothing is shown
+    assert vl.mean_ci(few).lo < 0 < vl.mean_ci(few).hi and not equivalence(few, 0.003).equivalent
+    many = np.full(40, 0.0012) + np.linspace(-1e-4, 1e-4, 40)  # excludes 0, yet within the margin
+    assert vl.mean_ci(many).excludes_zero() and equivalence(many, 0.003).equivalent
+    with pytest.raises(ValueError, match="margin"):
+        equivalence(many, 0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        equivalence(many, 0.003, alpha=0.5)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional, Sequence, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ __all__ = [
     "PPOConfig",
     "PPOHistory",
     "train_ppo",
+    "train_many",
 ]
 
 
@@ -466,3 +467,47 @@ def train_ppo(
         clip_fraction=clipfrac,
         warmup_rmse=warm,
     )
+
+
+Job = Tuple[PromptWorld, Arm, PPOConfig]
+
+
+def _run_job(job: Tuple[Job, List[int], str]) -> PPOHistory:
+    (world, arm, config), seeds, device = job
+    torch.set_num_threads(1)
+    return train_ppo(world, arm, seeds, config, device=device)
+
+
+def train_many(
+    jobs: Sequence[Job],
+    seeds: Sequence[int],
+    *,
+    processes: int = 2,
+    device: Optional[Union[str, torch.device]] = None,
+) -> List[PPOHistory]:
+    """:func:`train_ppo` for several ``(world, arm, config)`` jobs, spread over CPU processes (chapter 12 (:doc:`/chapters/12_critic_in_ppo`)).
+
+    Each job is one :func:`train_ppo` call with the same ``seeds``, run with
+    one thread in a forked worker, so its history is the one that call gives
+    in one process; jobs do not share anything. ``processes=1``, or a CUDA
+    device (a forked process cannot use its parent's CUDA context), runs the
+    jobs one after the other here. Returns the histories in the order of
+    ``jobs``.
+    """
+    check_positive_int(processes, "processes")
+    jobs = list(jobs)
+    for i, job in enumerate(jobs):
+        if not (isinstance(job, tuple) and len(job) == 3 and isinstance(job[0], PromptWorld)
+                and isinstance(job[1], Arm) and isinstance(job[2], PPOConfig)):
+            raise TypeError(f"jobs[{i}] must be a (PromptWorld, Arm, PPOConfig) tuple")
+    if not isinstance(seeds, (list, tuple)) or not seeds:
+        raise ValueError("seeds must be a non-empty list of ints")
+    seeds = [check_int(s, "seeds[i]") for s in seeds]
+    device = torch.device(pick_device() if device is None else device)
+    work = [(job, seeds, str(device)) for job in jobs]
+    if processes == 1 or len(jobs) < 2 or device.type != "cpu":
+        return [_run_job(w) for w in work]
+    import multiprocessing  # noqa: PLC0415
+
+    with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
+        return pool.map(_run_job, work, chunksize=1)

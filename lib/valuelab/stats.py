@@ -31,7 +31,7 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-__all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "pm"]
+__all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "equivalence", "Equivalence", "pm"]
 
 ArrayLike = Union[Sequence[float], np.ndarray, torch.Tensor]
 
@@ -141,6 +141,36 @@ def paired_ci(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Interval:
     if xa.size != xb.size:
         raise ValueError(f"a and b must pair up seed by seed: {xa.size} runs against {xb.size}")
     return mean_ci(xa - xb, level)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Output of :func:`equivalence`: the interval the two one-sided tests read, the margin, and the verdict."""
+
+    interval: Interval
+    """The :math:`1 - 2\\alpha` t-interval of the mean (90% for :math:`\\alpha = 0.05`)."""
+    margin: float
+    equivalent: bool
+    """True when the whole interval lies inside ``(-margin, margin)``."""
+
+
+def equivalence(x: ArrayLike, margin: float, alpha: float = 0.05) -> Equivalence:
+    """Two one-sided tests (TOST) of ``|mean| < margin`` at level ``alpha``, for a null claim ("no practical difference").
+
+    The mean of ``x`` (per-seed differences, as for :func:`paired_ci`) is
+    declared within ``margin`` of 0 when both one-sided t-tests reject, which
+    is the same as the :math:`1 - 2\\alpha` interval
+    :math:`\\bar x \\pm t_{1-\\alpha,\\,n-1}\\, s/\\sqrt n` lying inside
+    :math:`(-m, m)`. Unlike "the 95% interval contains 0", more seeds can only
+    make it easier to show equivalence, never harder. ``margin`` must be fixed
+    before the run.
+    """
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
+        raise ValueError(f"margin must be a positive finite number, got {margin!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be a number in (0, 0.5), got {alpha!r}")
+    ci = mean_ci(x, 1 - 2 * alpha)
+    return Equivalence(interval=ci, margin=float(margin), equivalent=bool(-margin < ci.lo and ci.hi < margin))
 
 
 def pm(ci: Interval, decimals: int = 2) -> str:

@@ -181,11 +181,13 @@ def generalized_advantage_estimate(
 
     .. math::
 
-        \delta_t = r_t + \gamma_t (1 - \text{terminated}_t) V'_t - V_t,\qquad
-        \hat A_t = \delta_t + \gamma_t \lambda_t (1 - \text{done}_t) \hat A_{t+1},\qquad
-        \hat A_T = 0,
+        \begin{aligned}
+        \delta_t &= r_t + \gamma_t (1 - \text{term}_t) V'_t - V_t,\\
+        \hat A_t &= \delta_t + \gamma_t \lambda_t (1 - \text{done}_t) \hat A_{t+1},\\
+        \hat A_T &= 0,
+        \end{aligned}
 
-    along ``time_dim``, where ``V'`` is ``next_state_value`` and ``gamma_t``,
+    along ``time_dim``, where ``V'`` is ``next_state_value``, term is ``terminated``, and ``gamma_t``,
     ``lmbda_t`` are the entries at step ``t`` (tensor discounts). A row may
     hold any number of trajectories: each ``done`` restarts the recursion,
     and every step that is not ``terminated`` bootstraps from its own next
