@@ -1,7 +1,7 @@
 """TRL's PPO tensors in valuelab's layout: the score one step past EOS (chapter 11 (:doc:`/chapters/11_pitfalls`)).
 
-TRL's ``PPOTrainer`` (checked against TRL 0.19.1; TRL 1.x no longer ships
-a PPO trainer) keeps, for each response, ``sequence_lengths``: the index of
+TRL's ``PPOTrainer`` (checked against TRL 0.19.1; TRL 1.0 ships the same
+code as ``trl.experimental.ppo``, and later 1.x releases dropped it) keeps, for each response, ``sequence_lengths``: the index of
 its last token, EOS included. It then
 
 * adds the score to the reward one step *past* that token, at
