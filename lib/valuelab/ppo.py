@@ -469,45 +469,61 @@ def train_ppo(
     )
 
 
-Job = Tuple[PromptWorld, Arm, PPOConfig]
+Job = Union[Tuple[PromptWorld, Arm, PPOConfig], Tuple[PromptWorld, Arm, PPOConfig, Sequence[int]]]
 
 
-def _run_job(job: Tuple[Job, List[int], str]) -> PPOHistory:
-    (world, arm, config), seeds, device = job
+def _run_job(job: Tuple[PromptWorld, Arm, PPOConfig, List[int], str]) -> PPOHistory:
+    world, arm, config, seeds, device = job
     torch.set_num_threads(1)
     return train_ppo(world, arm, seeds, config, device=device)
 
 
+def _check_seeds(seeds: object, name: str) -> List[int]:
+    if not isinstance(seeds, (list, tuple)) or not seeds:
+        raise ValueError(f"{name} must be a non-empty list of ints")
+    return [check_int(s, f"{name}[i]") for s in seeds]
+
+
 def train_many(
     jobs: Sequence[Job],
-    seeds: Sequence[int],
+    seeds: Optional[Sequence[int]] = None,
     *,
     processes: int = 2,
     device: Optional[Union[str, torch.device]] = None,
 ) -> List[PPOHistory]:
-    """:func:`train_ppo` for several ``(world, arm, config)`` jobs, spread over CPU processes (chapter 12 (:doc:`/chapters/12_critic_in_ppo`)).
+    """:func:`train_ppo` for several jobs, spread over CPU processes (chapter 12 (:doc:`/chapters/12_critic_in_ppo`)).
 
-    Each job is one :func:`train_ppo` call with the same ``seeds``, run with
-    one thread in a forked worker, so its history is the one that call gives
-    in one process; jobs do not share anything. ``processes=1``, or a CUDA
-    device (a forked process cannot use its parent's CUDA context), runs the
-    jobs one after the other here. Returns the histories in the order of
-    ``jobs``.
+    A job is ``(world, arm, config)``, trained on ``seeds``, or
+    ``(world, arm, config, its_seeds)``. Each job is one :func:`train_ppo`
+    call, run with one thread in a forked worker, so its history is the one
+    that call gives in one process (and run ``i`` of a job depends only on
+    its seed, so two jobs that share a seed can be compared run by run);
+    jobs share nothing. ``processes=1``, or a CUDA device (a forked process
+    cannot use its parent's CUDA context), runs the jobs one after the other
+    here. Returns the histories in the order of ``jobs``.
     """
     check_positive_int(processes, "processes")
     jobs = list(jobs)
-    for i, job in enumerate(jobs):
-        if not (isinstance(job, tuple) and len(job) == 3 and isinstance(job[0], PromptWorld)
-                and isinstance(job[1], Arm) and isinstance(job[2], PPOConfig)):
-            raise TypeError(f"jobs[{i}] must be a (PromptWorld, Arm, PPOConfig) tuple")
-    if not isinstance(seeds, (list, tuple)) or not seeds:
-        raise ValueError("seeds must be a non-empty list of ints")
-    seeds = [check_int(s, "seeds[i]") for s in seeds]
+    default = None if seeds is None else _check_seeds(seeds, "seeds")
     device = torch.device(pick_device() if device is None else device)
-    work = [(job, seeds, str(device)) for job in jobs]
-    if processes == 1 or len(jobs) < 2 or device.type != "cpu":
+    work = []
+    for i, job in enumerate(jobs):
+        if not (isinstance(job, tuple) and len(job) in (3, 4) and isinstance(job[0], PromptWorld)
+                and isinstance(job[1], Arm) and isinstance(job[2], PPOConfig)):
+            raise TypeError(f"jobs[{i}] must be a (PromptWorld, Arm, PPOConfig[, seeds]) tuple")
+        if len(job) == 4:
+            own = _check_seeds(job[3], f"jobs[{i}] seeds")
+        elif default is None:
+            raise ValueError(f"jobs[{i}] has no seeds of its own and seeds is None")
+        else:
+            own = default
+        work.append((job[0], job[1], job[2], own, str(device)))
+    if processes == 1 or len(work) < 2 or device.type != "cpu":
         return [_run_job(w) for w in work]
+    import importlib  # noqa: PLC0415
     import multiprocessing  # noqa: PLC0415
 
-    with multiprocessing.get_context("fork").Pool(min(processes, len(jobs))) as pool:
+    importlib.import_module("torch._dynamo")  # Adam imports it on first use: once here, not once per worker
+
+    with multiprocessing.get_context("fork").Pool(min(processes, len(work))) as pool:
         return pool.map(_run_job, work, chunksize=1)
