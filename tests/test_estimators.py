@@ -195,3 +195,102 @@ def test_cuda_when_present():
     cpu = vl.gae(r.cpu(), r.cpu() * 0.5, mask=m.cpu(), gamma=0.99, lam=0.9)
     assert out.advantages.device.type == "cuda"
     assert torch.allclose(out.advantages.cpu(), cpu.advantages, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# messages: each estimate and argument is named (mutation testing: tools/mutation_score.py)
+# ---------------------------------------------------------------------------
+
+
+def test_overflow_messages_name_the_estimate():
+    big = torch.tensor([[3e38, 3e38]], dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"^rewards and values are finite but too large for torch\.float32: the TD targets "
+                                         r"overflow at \[0, 0\]; scale the rewards \(or use float64\)$"):
+        vl.td_targets(big, big)
+    with pytest.raises(ValueError, match=r"the n-step returns overflow at \[0, 0\];"):
+        vl.nstep_returns(big, big, 2)
+    with pytest.raises(ValueError, match=r"the TD errors overflow at \[0, 1\];"):
+        vl.td_errors(big, -big)
+
+
+def test_nstep_checks_n_by_name():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"^n must be a positive int, got 0$"):
+        vl.nstep_returns(x, x, 0)
+    with pytest.raises(TypeError, match=r"^n must be a positive int, got float$"):
+        vl.nstep_returns(x, x, 2.0)
+
+
+# ---------------------------------------------------------------------------
+# decoupled GAE and the length-adaptive λ (chapter 10)
+# ---------------------------------------------------------------------------
+
+
+@given(batches(per_step=False), unit, unit)
+def test_decoupled_gae_is_gae_with_each_lambda(case, lam_actor, lam_critic):
+    r, v = case["rewards"], case["values"]
+    out = vl.decoupled_gae(r, v, mask=case["mask"], gamma=case["gamma"], lam_actor=lam_actor, lam_critic=lam_critic,
+                           bootstrap=case["bootstrap"])
+    assert isinstance(out, vl.DecoupledGAE)
+    m = case["np"]["m"]
+    close(out.advantages, per_row(case, lambda r, v, g, l, b: ref.gae_recursion(r, v, g, np.full_like(r, lam_actor), b)))
+    critic = per_row(case, lambda r, v, g, l, b: ref.gae_recursion(r, v, g, np.full_like(r, lam_critic), b))
+    close(out.returns, critic + np.where(m, case["np"]["v"], 0.0))
+
+
+def test_decoupled_gae_defaults_are_gamma_one_lam_actor_095_lam_critic_one():
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(3, 6, generator=g, dtype=torch.float64), torch.randn(3, 6, generator=g, dtype=torch.float64)
+    out = vl.decoupled_gae(r, v)
+    for t in range(6):  # λ_critic = 1, γ = 1: the return is the Monte-Carlo return, whatever the values
+        torch.testing.assert_close(out.returns[:, t], r[:, t:].sum(-1))
+    torch.testing.assert_close(out.advantages, vl.gae(r, v, gamma=1.0, lam=0.95).advantages)
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[0, 4:] = False
+    boot = torch.tensor([0.0, 2.0, -1.0], dtype=torch.float64)
+    both = vl.decoupled_gae(r, v, mask=mask, gamma=0.9, lam_actor=0.5, lam_critic=0.7, bootstrap=boot)
+    torch.testing.assert_close(both.advantages, vl.gae(r, v, mask=mask, gamma=0.9, lam=0.5, bootstrap=boot).advantages)
+    torch.testing.assert_close(both.returns, vl.gae(r, v, mask=mask, gamma=0.9, lam=0.7, bootstrap=boot).returns)
+
+
+def test_length_adaptive_lam_values():
+    lengths = torch.tensor([0, 1, 2, 4, 10, 1000])
+    lam = vl.length_adaptive_lam(lengths, alpha=0.5)  # 1 - 1/(0.5 l), clamped to [0, 1]
+    assert lam.shape == (6, 1) and lam.dtype == torch.float32
+    want = [0.0, 0.0, 0.0, 0.5, 0.8, 0.998]
+    torch.testing.assert_close(lam[:, 0], torch.tensor(want), rtol=0, atol=1e-7)
+    lam64 = vl.length_adaptive_lam(torch.tensor([3.0, 8.0, 0.0, 1e-300], dtype=torch.float64), alpha=2.0)
+    assert lam64.dtype == torch.float64 and lam64.shape == (4, 1)
+    torch.testing.assert_close(lam64[:, 0], torch.tensor([1 - 1 / 6, 1 - 1 / 16, 0.0, 0.0], dtype=torch.float64))
+    assert vl.length_adaptive_lam(torch.tensor([40])).item() == pytest.approx(0.5)  # default alpha = 0.05
+    assert vl.length_adaptive_lam(torch.zeros(0, dtype=torch.long)).shape == (0, 1)
+    tiny = vl.length_adaptive_lam(torch.tensor([1e-45, 3.0]), alpha=1.0)  # a subnormal length: λ = 0, not NaN
+    torch.testing.assert_close(tiny[:, 0], torch.tensor([0.0, 2 / 3]))
+
+
+def test_length_adaptive_lam_messages():
+    with pytest.raises(TypeError, match=r"^lengths must be a torch\.Tensor, got list$"):
+        vl.length_adaptive_lam([3, 4])
+    with pytest.raises(TypeError, match=r"^lengths must hold real numbers \(int or float\), got torch\.bool$"):
+        vl.length_adaptive_lam(torch.tensor([True, False]))
+    with pytest.raises(TypeError, match=r"^lengths must hold real numbers \(int or float\), got torch\.complex64$"):
+        vl.length_adaptive_lam(torch.tensor([1 + 0j, 2 + 0j], dtype=torch.complex64))
+    with pytest.raises(ValueError, match=r"^lengths must have shape \(B,\), got \(2, 2\)$"):
+        vl.length_adaptive_lam(torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"^lengths must be finite: it contains NaN or inf$"):
+        vl.length_adaptive_lam(torch.tensor([3.0, float("inf")]))
+    with pytest.raises(ValueError, match=r"^lengths must be non-negative$"):
+        vl.length_adaptive_lam(torch.tensor([3, -1]))
+    with pytest.raises(ValueError, match=r"^alpha must be positive$"):
+        vl.length_adaptive_lam(torch.tensor([3, 4]), alpha=0.0)
+    with pytest.raises(ValueError, match=r"^alpha must be non-negative, got -1\.0$"):
+        vl.length_adaptive_lam(torch.tensor([3, 4]), alpha=-1.0)
+    with pytest.raises(TypeError, match=r"^lengths must be a dense \(strided\) tensor, got layout torch\.sparse_coo$"):
+        vl.length_adaptive_lam(torch.tensor([3.0, 4.0]).to_sparse())
+    assert vl.length_adaptive_lam(torch.tensor([], dtype=torch.float32)).shape == (0, 1)  # no entries: nothing to check
+
+
+def test_length_adaptive_lam_gradient_is_finite_at_length_zero():
+    lengths = torch.tensor([0.0, 3.0, 0.5], dtype=torch.float64, requires_grad=True)
+    vl.length_adaptive_lam(lengths, alpha=1.0).sum().backward()
+    torch.testing.assert_close(lengths.grad, torch.tensor([0.0, 1 / 9, 0.0], dtype=torch.float64))  # d(1 - 1/l)/dl = 1/l²

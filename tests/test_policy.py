@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -558,3 +560,301 @@ def test_bad_sample_arguments_raise():
     with pytest.raises(TypeError, match="dtype"):
         sample_responses(w, probs, 4, [0], dtype=torch.long)
     assert isinstance(ev, PolicyEvaluation)
+
+
+# ---------------------------------------------------------------------------
+# every refusal names its argument: the whole message (a check that names the wrong argument is a slip too)
+# ---------------------------------------------------------------------------
+
+_W = make_prompt_world(n_prompts=2, vocab_size=3, max_len=5, seed=0)
+_GOOD = _W.reference_policy()
+_PROBS = torch.as_tensor(_GOOD)[None]
+_EV = evaluate_policy(_W, _PROBS)
+
+
+def _moved(x, value):
+    """``x`` with its first probability set to ``value`` and the second one balancing it (the row still sums to 1)."""
+    y = x.copy() if isinstance(x, np.ndarray) else x.clone()
+    first = (0,) * (x.ndim - 1)
+    old = float(y[first + (0,)])
+    y[first + (0,)] = value
+    if value == value:
+        y[first + (1,)] += old - value
+    return y
+
+
+_NOT_A_WORLD = "world must be a PromptWorld (see make_prompt_world), got str"
+_SHAPE = "probs must have shape (..., 2, 5, 4, 7, 3), got "
+_RUN_SHAPE = "probs must have shape (R, 2, 5, 4, 7, 3), got "
+_NOT_PROBS = "probs must hold finite, non-negative probabilities"
+_SUM = "probs must sum to 1 over its last axis (the next token)"
+_GENS = "generators must be a list of 1 generators or seeds, one per run"
+
+REFUSALS = [
+    (lambda: evaluate_policy("world", _GOOD), TypeError, _NOT_A_WORLD),
+    (lambda: evaluate_policy(_W, _GOOD.tolist()), TypeError, "probs must be a numpy array or a torch tensor, got list"),
+    (lambda: evaluate_policy(_W, _GOOD.astype(np.int64)), TypeError, "probs must hold floats, got int64"),
+    (lambda: evaluate_policy(_W, _GOOD[..., :2]), ValueError, _SHAPE + "(2, 5, 4, 7, 2)"),
+    (lambda: evaluate_policy(_W, _GOOD[0]), ValueError, _SHAPE + "(5, 4, 7, 3)"),
+    (lambda: evaluate_policy(_W, _GOOD * 0.5), ValueError, _SUM),
+    (lambda: evaluate_policy(_W, _moved(_GOOD, -0.1)), ValueError, _NOT_PROBS),
+    (lambda: evaluate_policy(_W, _moved(_GOOD, float("nan"))), ValueError, _NOT_PROBS),
+    (lambda: evaluate_policy(_W, _moved(_GOOD, float("inf"))), ValueError, _NOT_PROBS),
+    (lambda: soft_optimal(make_prompt_world(n_prompts=2, vocab_size=3, max_len=4, beta=0.0)), ValueError,
+     "world.beta must be positive for the soft optimum (beta = 0 has no KL term to soften the max)"),
+    (lambda: soft_optimal("w"), TypeError, _NOT_A_WORLD),
+    (lambda: reward_model_start("w"), TypeError, _NOT_A_WORLD),
+    (lambda: make_prompt_world(n_prompts=0), ValueError, "n_prompts must be a positive int, got 0"),
+    (lambda: make_prompt_world(n_prompts=1.5), TypeError, "n_prompts must be a positive int, got float"),
+    (lambda: make_prompt_world(vocab_size=2), ValueError, "vocab_size must be at least 3 (EOS, GOOD and one more), got 2"),
+    (lambda: make_prompt_world(vocab_size=0), ValueError, "vocab_size must be a positive int, got 0"),
+    (lambda: make_prompt_world(max_len=0), ValueError, "max_len must be a positive int, got 0"),
+    (lambda: make_prompt_world(eos_range=(0.3, 0.1)), ValueError, "eos_range must satisfy 0 < low <= high < 1, got (0.3, 0.1)"),
+    (lambda: make_prompt_world(eos_range=(0.0, 0.1)), ValueError, "eos_range must satisfy 0 < low <= high < 1, got (0.0, 0.1)"),
+    (lambda: make_prompt_world(eos_range=(-0.1, 0.1)), ValueError, "eos_range[0] must be non-negative, got -0.1"),
+    (lambda: make_prompt_world(eos_range=(0.1, 1.0)), ValueError, "eos_range[1] must lie in [0, 1), got 1.0"),
+    (lambda: make_prompt_world(eos_range=0.1), TypeError, "eos_range must be a pair (low, high)"),
+    (lambda: make_prompt_world(eos_range=(0.1, 0.2, 0.3)), TypeError, "eos_range must be a pair (low, high)"),
+    (lambda: make_prompt_world(beta=-0.1), ValueError, "beta must be non-negative, got -0.1"),
+    (lambda: make_prompt_world(gamma=1.5), ValueError, "gamma must lie in [0, 1], got 1.5"),
+    (lambda: make_prompt_world(logit_scale=-1.0), ValueError, "logit_scale must be non-negative, got -1.0"),
+    (lambda: make_prompt_world(logit_scale=1000.0), ValueError, "logit_scale is too large: a reference probability underflows to 0"),
+    (lambda: make_prompt_world(seed=1.5), TypeError, "seed must be an int, got float"),
+    (lambda: make_prompt_world(score_fn="f"), TypeError, "score_fn must be callable (count, length) -> score, got str"),
+    (lambda: make_prompt_world(max_len=6, max_count=8), ValueError, "max_count must be at most max_len + 1 = 7, got 8"),
+    (lambda: make_prompt_world(max_len=6, max_count=0), ValueError, "max_count must be a positive int, got 0"),
+    (lambda: make_prompt_world(n_prompts=2, vocab_size=3, max_len=6, max_count=2, score_fn=lambda k, L: k / L), ValueError,
+     "max_count = 2 changes the score: score_fn must depend on k only through min(k, max_count)"),
+    (lambda: sample_responses("world", _PROBS, 4, [0]), TypeError, _NOT_A_WORLD),
+    (lambda: sample_responses(_W, _PROBS.numpy(), 4, [0]), TypeError, "probs must be a torch.Tensor, got ndarray"),
+    (lambda: sample_responses(_W, _PROBS[0], 4, [0]), ValueError, _RUN_SHAPE + "(2, 5, 4, 7, 3)"),
+    (lambda: sample_responses(_W, _PROBS[..., :2], 4, [0]), ValueError, _RUN_SHAPE + "(1, 2, 5, 4, 7, 2)"),
+    (lambda: sample_responses(_W, _moved(_PROBS, -0.1), 4, [0]), ValueError, _NOT_PROBS),
+    (lambda: sample_responses(_W, _moved(_PROBS, float("nan")), 4, [0]), ValueError, _NOT_PROBS),
+    (lambda: sample_responses(_W, _moved(_PROBS, float("inf")), 4, [0]), ValueError, _NOT_PROBS),
+    (lambda: sample_responses(_W, _PROBS.long(), 4, [0]), ValueError, _NOT_PROBS),
+    (lambda: sample_responses(_W, _PROBS * 0.5, 4, [0]), ValueError, _SUM),
+    (lambda: sample_responses(_W, _PROBS, 4, [0, 1]), ValueError, _GENS),
+    (lambda: sample_responses(_W, _PROBS, 4, 0), ValueError, _GENS),
+    (lambda: sample_responses(_W, _PROBS, 4, ["seed"]), TypeError, "generator must be an int seed or a torch.Generator, got str"),
+    (lambda: sample_responses(_W, _PROBS, 0, [0]), ValueError, "samples_per_prompt must be a positive int, got 0"),
+    (lambda: sample_responses(_W, _PROBS, 4, [0], evaluation=tuple(_EV)), ValueError,
+     "evaluation must be the PolicyEvaluation of probs (values of shape (1, 2, 5, 4, 7))"),
+    (lambda: sample_responses(_W, _PROBS.repeat(2, 1, 1, 1, 1, 1), 4, [0, 1], evaluation=_EV), ValueError,
+     "evaluation must be the PolicyEvaluation of probs (values of shape (2, 2, 5, 4, 7))"),
+    (lambda: sample_responses(_W, _PROBS, 4, [0], dtype=torch.long), TypeError, "dtype must be a floating torch.dtype, got torch.int64"),
+    (lambda: sample_responses(_W, _PROBS, 4, [0], dtype="float"), TypeError, "dtype must be a floating torch.dtype, got float"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", REFUSALS, ids=[str(i) for i in range(len(REFUSALS))])
+def test_refusals_name_their_argument(call, error, message):
+    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+        call()
+
+
+def test_sample_accepts_rows_that_sum_to_one_within_1e5_only():
+    probs = _PROBS.clone()
+    row = (0, 0, 0, 0, 0, 0)
+    near = probs.clone()
+    near[row] += 5e-6  # a row summing to 1 + 5e-6: inside the tolerance of 1e-5
+    sample_responses(_W, near, 2, [0])
+    far = probs.clone()
+    far[row] += 1.5e-5  # 1 + 1.5e-5: outside
+    with pytest.raises(ValueError, match=r"^probs must sum to 1 over its last axis \(the next token\)$"):
+        sample_responses(_W, far, 2, [0])
+
+
+def test_soft_optimum_with_a_tiny_beta_stays_finite():
+    w = make_prompt_world(n_prompts=2, vocab_size=3, max_len=4, beta=1e-3, seed=0)
+    opt = soft_optimal(w)  # Q / beta spans about 1000 across states: the log-sum-exp must shift per row
+    assert np.isfinite(opt.values).all() and np.isfinite(opt.policy).all()
+    np.testing.assert_allclose(opt.policy.sum(-1), 1.0, atol=1e-9)
+    assert float(opt.values.max()) <= 1.0 + 1e-9 and opt.objective > 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(n_prompts=1, max_len=4), dict(n_prompts=2, max_len=2), dict(n_prompts=1, max_len=1)])
+def test_evaluate_policy_on_one_prompt_and_short_responses(kwargs):
+    """The DP's time axis must not be confused with the prompt axis, nor broadcast when it has length 2."""
+    w = make_prompt_world(vocab_size=3, beta=0.3, gamma=0.8, score_fn=small_score, seed=3, **kwargs)
+    probs = random_policy(w, seed=1, scale=1.5)
+    ev = evaluate_policy(w, probs)
+    for p in range(w.n_prompts):
+        J, score, kl, length = brute_force(w, probs, small_score, p)
+        assert ev.per_prompt[p] == pytest.approx(J, abs=1e-12)
+    J, score, kl, length = (np.mean([brute_force(w, probs, small_score, p)[j] for p in range(w.n_prompts)]) for j in range(4))
+    assert (float(ev.score), float(ev.kl), float(ev.length)) == pytest.approx((score, kl, length), abs=1e-12)
+
+
+def test_an_action_of_probability_zero_has_no_kl_term():
+    w = make_prompt_world(n_prompts=2, vocab_size=3, max_len=4, beta=0.3, gamma=0.9, score_fn=small_score, seed=5)
+    probs = random_policy(w, seed=2, scale=1.0)
+    probs[..., 2] = 0.0  # token 2 is never taken
+    probs /= probs.sum(-1, keepdims=True)
+    ev = evaluate_policy(w, probs)
+    assert np.isfinite(ev.values).all() and np.isfinite(ev.q).all() and np.isfinite(ev.kl).all()
+    P, L, C, K = w.state_shape
+    for p in range(P):
+        for t in range(L):
+            for c in range(C):
+                for k in range(K):
+                    for a in range(w.vocab_size):
+                        k_after = min(k + (a == GOOD), w.max_count)
+                        if a == EOS or t == L - 1:
+                            rest = w.score_table[t + 1, k_after]
+                        else:
+                            rest = w.gamma * ev.values[p, t + 1, a, k_after]
+                        kl = 0.0 if a == 2 else -w.beta * (math.log(probs[p, t, c, k, a]) - math.log(w.pi_ref[p, c, a]))
+                        assert ev.q[p, t, c, k, a] == pytest.approx(kl + rest, abs=1e-12)
+    for p in range(P):
+        assert ev.per_prompt[p] == pytest.approx(brute_force_without(w, probs, p, 2), abs=1e-12)
+
+
+def brute_force_without(world, probs, p, banned):
+    """J of prompt p over the responses that never take ``banned`` (the others have probability 0)."""
+    J = 0.0
+    for y in responses(world):
+        if banned in y:
+            continue
+        prob, ret = 1.0, 0.0
+        for t, c, k, a in walk(world, p, y):
+            prob *= probs[p, t, c, k, a]
+            ret += -world.beta * world.gamma**t * (math.log(probs[p, t, c, k, a]) - math.log(world.pi_ref[p, c, a]))
+        n = len(y)
+        ret += world.gamma ** (n - 1) * float(small_score(np.float64(sum(a == GOOD for a in y)), np.float64(n)))
+        J += prob * ret
+    return J
+
+
+def sample_by_hand(world, probs, G, seeds, dtype):
+    """sample_responses written out: per step, each run draws float64 uniforms from its own generator while one of
+    its responses is alive, and takes the first token whose cumulative probability exceeds its draw."""
+    R = probs.shape[0]
+    P, L, C, K = world.state_shape
+    V = world.vocab_size
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    flat = probs.reshape(R, -1, V).double()
+    rows = []
+    for r in range(R):
+        for p in range(P):
+            for g in range(G):
+                rows.append(dict(r=r, p=p, ctx=world.bos, k=0, alive=True, tokens=[], states=[], contexts=[]))
+    for t in range(L):
+        if not any(x["alive"] for x in rows):
+            break
+        for r in range(R):
+            mine = rows[r * P * G:(r + 1) * P * G]
+            if not any(x["alive"] for x in mine):
+                continue
+            u = torch.rand(P * G, 1, generator=gens[r], dtype=torch.float64)[:, 0].tolist()
+            for x, ur in zip(mine, u):
+                if not x["alive"]:
+                    continue
+                s = world.state_index(x["p"], t, x["ctx"], x["k"])
+                cdf = flat[r, s].cumsum(0).tolist()
+                cdf[-1] = 1.0
+                a = next(i for i, c in enumerate(cdf) if c > ur)
+                x["tokens"].append(a)
+                x["states"].append(r * world.n_states + s)
+                x["contexts"].append(x["ctx"])
+                x["k"] = min(x["k"] + (a == GOOD), world.max_count)
+                x["ctx"] = a
+                x["alive"] = a != EOS
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("eos", [(0.05, 0.1), (0.6, 0.7)])
+def test_sample_responses_is_the_sampler_written_out(dtype, eos):
+    w = make_prompt_world(n_prompts=2, vocab_size=3, max_len=6, eos_range=eos, seed=4)
+    probs = torch.as_tensor(np.stack([random_policy(w, seed=9), w.reference_policy()]))
+    probs[1, ..., EOS] *= 30.0  # run 1 ends much sooner than run 0
+    probs[1] /= probs[1].sum(-1, keepdim=True)
+    ev = evaluate_policy(w, probs)
+    b = sample_responses(w, probs, 3, [11, 12], evaluation=ev, dtype=dtype)
+    ro = b.rollout
+    rows = sample_by_hand(w, probs, 3, [11, 12], dtype)
+    T = max(len(x["tokens"]) for x in rows)
+    assert ro.tokens.shape == (len(rows), T) and ro.mask.shape == (len(rows), T)  # cut at the longest response
+    for i, x in enumerate(rows):
+        n = len(x["tokens"])
+        assert ro.tokens[i, :n].tolist() == x["tokens"] and (ro.tokens[i, n:] == 0).all()
+        assert ro.states[i, :n].tolist() == x["states"] and (ro.states[i, n:] == 0).all()
+        assert ro.mask[i].tolist() == [True] * n + [False] * (T - n)
+        assert int(ro.lengths[i]) == n
+    assert ro.logprobs.dtype == dtype and ro.score.dtype == dtype and ro.rewards.dtype == dtype
+    assert ro.values_exact.dtype == dtype and ro.advantages_exact.dtype == dtype
+    table = ev.values.reshape(-1)
+    for i, x in enumerate(rows):
+        want = [table[s] for s in x["states"]]
+        np.testing.assert_allclose(ro.values_exact[i, :len(want)].double().numpy(), want,
+                                   rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-12)
+    if eos[0] > 0.5:
+        assert T < w.max_len  # every response ended before max_len: the batch is cut
+
+
+def test_world_defaults_and_edges():
+    w = make_prompt_world()
+    assert (w.n_prompts, w.vocab_size, w.max_len, w.beta, w.gamma, w.seed, w.max_count) == (8, 4, 16, 0.05, 1.0, 0, 17)
+    eos = w.pi_ref[..., EOS]
+    assert (eos >= 0.05).all() and (eos <= 0.2).all()
+    same = make_prompt_world(n_prompts=8, vocab_size=4, max_len=16, eos_range=(0.05, 0.2), beta=0.05, gamma=1.0,
+                             logit_scale=1.0, score_fn=count_good, seed=0)
+    np.testing.assert_array_equal(w.pi_ref, same.pi_ref)
+    np.testing.assert_array_equal(w.score_table, same.score_table)
+    assert make_prompt_world(eos_range=(0.1, 0.1)).pi_ref[..., EOS].min() == pytest.approx(0.1)  # low == high is allowed
+    with pytest.raises(ValueError, match=r"^eos_range\[0\] must lie in \[0, 1\), got 1\.0$"):
+        make_prompt_world(eos_range=(1.0, 1.0))
+    with pytest.raises(ValueError, match=r"^max_count = 5 changes the score"):  # k = L = 6 is reachable (six GOODs)
+        make_prompt_world(max_len=6, max_count=5)
+    # a score that depends on min(k, 1) only allows max_count = 1 (the unreachable k = 2 at length 0 is not compared)
+    assert make_prompt_world(max_len=4, max_count=1, score_fn=lambda k, L: np.minimum(k, 1.0)).n_counts == 2
+
+
+def test_count_good_values():
+    np.testing.assert_allclose(count_good(np.array([0.0, 4.0, 8.0, 12.0]), np.array([5.0, 5.0, 9.0, 12.0])), [0, 0.5, 1, 1])
+    np.testing.assert_allclose(count_good(np.array([1.0, 3.0]), np.array([3.0, 3.0]), scale=2.0), [0.5, 1.0])
+
+
+def test_evaluate_accepts_float32_and_rows_within_1e6_only():
+    w = make_prompt_world(n_prompts=2, vocab_size=3, max_len=3, seed=0)
+    good = w.reference_policy()
+    ev = evaluate_policy(w, good.astype(np.float32) / good.astype(np.float32).sum(-1, keepdims=True))
+    assert np.isfinite(ev.objective).all()
+    near = good.copy()
+    near[0, 0, 0, 0, 0] += 5e-7  # a row summing to 1 + 5e-7: inside the tolerance of 1e-6
+    evaluate_policy(w, near)
+    far = good.copy()
+    far[0, 0, 0, 0, 0] += 5e-6  # 1 + 5e-6: outside
+    with pytest.raises(ValueError, match=r"^probs must sum to 1 over its last axis \(the next token\)$"):
+        evaluate_policy(w, far)
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(n_prompts=3, vocab_size=4, eos_range=(0.3, 0.6), logit_scale=2.5, seed=7),
+                                    dict(n_prompts=3, vocab_size=4, logit_scale=200.0, seed=0)])
+def test_reference_is_its_seeded_definition(kwargs):
+    """pi_ref(a | p, c): EOS with prompt p's probability drawn from eos_range, the rest a softmax of seeded logits."""
+    w = make_prompt_world(**kwargs)
+    P, V, C = w.n_prompts, w.vocab_size, w.vocab_size + 1
+    low, high = kwargs.get("eos_range", (0.05, 0.2))
+    rng = np.random.default_rng(kwargs.get("seed", 0))
+    eos = rng.uniform(low, high, size=P)
+    logits = kwargs.get("logit_scale", 1.0) * rng.standard_normal((P, C, V - 1))
+    for p in range(P):
+        for c in range(C):
+            z = logits[p, c] - logits[p, c].max()  # large logits (scale 200) only work shifted by the row's own max
+            body = np.exp(z) / np.exp(z).sum()
+            np.testing.assert_allclose(w.pi_ref[p, c], [eos[p]] + list((1 - eos[p]) * body), rtol=1e-12, atol=0)
+    assert len(np.unique(w.pi_ref[:, 0, EOS])) == P  # each prompt its own EOS probability
+
+
+def test_max_count_check_is_exact():
+    # a cap that changes the score by 1e-10 somewhere reachable changes it: refused
+    with pytest.raises(ValueError, match=r"^max_count = 1 changes the score"):
+        make_prompt_world(max_len=4, max_count=1, score_fn=lambda k, L: np.minimum(k, 1.0) + 1e-10 * (k >= 2))
+
+
+def test_score_table_has_one_column_per_count():
+    w = make_prompt_world(n_prompts=2, vocab_size=3, max_len=10, max_count=8)
+    assert w.score_table.shape == (11, 9) and w.n_counts == 9
+    assert reward_model_start(w).shape == w.state_shape

@@ -237,3 +237,212 @@ def test_propagation_fraction_is_the_binomial_law():
 def test_bad_arguments_raise(world, call, error):
     with pytest.raises(error):
         call(world)
+
+
+# ---------------------------------------------------------------------------
+# the forward pass against one written out from its definition, model by model and head by head
+# ---------------------------------------------------------------------------
+
+
+def _layer_norm(x, w, b):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)  # biased, eps 1e-5 inside the root (torch's layer_norm)
+    return (x - mu) / torch.sqrt(var + 1e-5) * w + b
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + torch.erf(x / np.sqrt(2.0)))
+
+
+def forward_by_hand(m, inputs):
+    """(R, B, S) float64: every model alone, every head alone, the causal softmax written with a mask."""
+    P = {name: p.detach().double() for name, p in m.named_parameters()}
+    R, B, S = inputs.shape
+    D, H = m.d_model, m.n_heads
+    dh = D // H
+    out = torch.zeros(R, B, S, dtype=torch.float64)
+    causal = torch.tril(torch.ones(S, S, dtype=torch.bool))
+    for r in range(R):
+        x = P["tok"][r][inputs[r]] + P["pos"][r][:S]  # (B, S, D)
+        for layer in range(m.n_layers):
+            def w(name):
+                return P[name][layer, r]
+            h = _layer_norm(x, w("ln1_w"), w("ln1_b"))
+            qkv = h @ w("qkv_w") + w("qkv_b")  # (B, S, 3D): q, then k, then v, each split into heads
+            heads = []
+            for i in range(H):
+                q = qkv[..., i * dh:(i + 1) * dh]
+                k = qkv[..., D + i * dh:D + (i + 1) * dh]
+                v = qkv[..., 2 * D + i * dh:2 * D + (i + 1) * dh]
+                scores = (q @ k.transpose(-1, -2)) / np.sqrt(dh)
+                scores = scores.masked_fill(~causal, float("-inf"))
+                heads.append(torch.softmax(scores, -1) @ v)
+            x = x + torch.cat(heads, -1) @ w("out_w") + w("out_b")
+            h = _layer_norm(x, w("ln2_w"), w("ln2_b"))
+            x = x + _gelu(h @ w("ff1_w") + w("ff1_b")) @ w("ff2_w") + w("ff2_b")
+        h = _layer_norm(x, P["lnf_w"][r], P["lnf_b"][r])
+        out[r] = h @ P["head_w"][r] + P["head_b"][r]
+    return out
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(d_model=12, n_layers=3, n_heads=3, d_ff=10)])
+def test_forward_matches_the_definition(kw):
+    m = TinyTransformer(2, 9, 7, seed=3, **kw)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # every weight away from its start (LayerNorm gains and biases included)
+        for p in m.parameters():
+            p.copy_(p + 0.3 * torch.randn(p.shape, generator=g))
+    x = torch.randint(0, 9, (2, 4, 6), generator=g)
+    torch.testing.assert_close(m(x).double(), forward_by_hand(m, x), rtol=0, atol=2e-5)
+    torch.testing.assert_close(state_values(m, x).double(), forward_by_hand(m, x)[..., :-1], rtol=0, atol=2e-5)
+    lengths = torch.tensor([[1, 5, 3, 2], [4, 1, 5, 5]])
+    want = forward_by_hand(m, x).gather(-1, lengths[..., None])[..., 0]
+    torch.testing.assert_close(final_scores(m, x, lengths).double(), want, rtol=0, atol=2e-5)
+    torch.testing.assert_close(final_scores(m, x, lengths[0]).double(), forward_by_hand(m, x).gather(
+        -1, lengths[0].expand(2, 4)[..., None])[..., 0], rtol=0, atol=2e-5)  # (B,) lengths: the same for every model
+
+
+def test_initial_weights_are_gpt2s():
+    m = TinyTransformer(3, 50, 40, d_model=64, n_layers=2, n_heads=4, d_ff=128, seed=0)
+    shapes = dict(tok=(3, 50, 64), pos=(3, 40, 64), ln1_w=(2, 3, 64), ln1_b=(2, 3, 64), qkv_w=(2, 3, 64, 192),
+                  qkv_b=(2, 3, 192), out_w=(2, 3, 64, 64), out_b=(2, 3, 64), ln2_w=(2, 3, 64), ln2_b=(2, 3, 64),
+                  ff1_w=(2, 3, 64, 128), ff1_b=(2, 3, 128), ff2_w=(2, 3, 128, 64), ff2_b=(2, 3, 64), lnf_w=(3, 64),
+                  lnf_b=(3, 64), head_w=(3, 64), head_b=(3,))
+    params = dict(m.named_parameters())
+    assert set(params) == set(shapes)
+    for name, shape in shapes.items():
+        p = params[name].detach()
+        assert p.shape == shape and p.dtype == torch.float32, name
+        if name.endswith("_b"):
+            assert (p == 0).all(), name
+        elif name.startswith("ln"):
+            assert (p == 1).all(), name
+        else:
+            assert abs(float(p.std()) - 0.02) < 0.002 and abs(float(p.mean())) < 0.002, name
+    assert (m.n_models, m.n_tokens, m.max_positions, m.d_model, m.n_layers, m.n_heads, m.d_ff) == (3, 50, 40, 64, 2, 4, 128)
+    d = TinyTransformer(1, 5, 4)
+    assert (d.d_model, d.n_layers, d.n_heads, d.d_ff) == (32, 2, 2, 64)
+
+
+def test_the_seed_fixes_the_weights_and_none_draws_from_the_global_rng():
+    a, b, c = (TinyTransformer(2, 5, 4, seed=s) for s in (7, 7, 8))
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb), name
+        if name in ("tok", "pos", "head_w"):
+            assert not torch.equal(pa, pc), name
+    assert not torch.equal(a.tok[0], a.tok[1])  # the models of one draw differ
+    torch.manual_seed(123)
+    g1 = TinyTransformer(2, 5, 4)
+    torch.manual_seed(123)
+    g2 = TinyTransformer(2, 5, 4)
+    assert torch.equal(g1.tok, g2.tok) and torch.equal(g1.head_w, g2.head_w)
+    state = torch.random.get_rng_state()
+    TinyTransformer(2, 5, 4, seed=1)
+    assert torch.equal(torch.random.get_rng_state(), state)  # a seeded model leaves the global RNG alone
+
+
+def test_tile_stacks_models_on_their_axis():
+    m = TinyTransformer(2, 6, 5, seed=0)
+    big = tile(m, 3)
+    assert big.n_models == 6 and m.n_models == 2
+    for name, p in m.named_parameters():
+        q = getattr(big, name)
+        axis = 1 if name in TinyTransformer.LAYER_PARAMS else 0
+        assert q.shape[axis] == 3 * p.shape[axis] and isinstance(q, torch.nn.Parameter), name
+        for c in range(3):
+            torch.testing.assert_close(q.narrow(axis, 2 * c, 2), p, rtol=0, atol=0)
+    assert tile(m, 1).n_models == 2
+
+
+def test_final_score_bounds():
+    m = TinyTransformer(1, 6, 5, seed=0)
+    x = torch.randint(0, 6, (1, 2, 5))
+    final_scores(m, x, torch.tensor([1, 4]))  # 1 and T (= 4) are both allowed
+    with pytest.raises(ValueError, match=r"^lengths must lie in \[1, T\]: a response has at least one token and fits the input$"):
+        final_scores(m, x, torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match=r"^lengths must lie in \[1, T\]"):
+        final_scores(m, x, torch.tensor([1, 5]))
+    with pytest.raises(ValueError, match=r"^lengths must have shape \(B,\) or \(1, 2\), got \(3,\)$"):
+        final_scores(m, x, torch.tensor([1, 2, 3]))
+    assert final_scores(m, x[:, :0], torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0)
+
+
+def test_explained_variance_along_another_axis_and_with_empty_slices():
+    g = torch.Generator().manual_seed(2)
+    y = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    p = y + 0.5 * torch.randn(40, 3, generator=g, dtype=torch.float64)
+    mask = torch.ones(40, 3, dtype=torch.bool)
+    mask[:10, 1] = False
+    got = explained_variance(p, y, mask, dim=0)
+    for c in range(3):
+        yy, pp = y[:, c][mask[:, c]].numpy(), p[:, c][mask[:, c]].numpy()
+        assert float(got[c]) == pytest.approx(1 - np.var(yy - pp) / np.var(yy), abs=1e-12)
+    y2 = torch.tensor([[1.0, 3.0, 0.0], [2.0, 2.0, 2.0]])
+    m2 = torch.tensor([[True, True, False], [True, True, True]])
+    with pytest.raises(ValueError, match=r"^target has no spread over the valid entries: explained variance is undefined$"):
+        explained_variance(y2, y2, m2)
+    assert float(explained_variance(torch.tensor([[2.0, 2.0, 9.0]]), torch.tensor([[1.0, 3.0, 0.0]]),
+                                    torch.tensor([[True, True, False]]))[0]) == pytest.approx(0.0, abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda w: TinyTransformer(0, 5, 4), ValueError, r"^n_models must be a positive int, got 0$"),
+        (lambda w: TinyTransformer(1, 0, 4), ValueError, r"^n_tokens must be a positive int, got 0$"),
+        (lambda w: TinyTransformer(1, 5, 0), ValueError, r"^max_positions must be a positive int, got 0$"),
+        (lambda w: TinyTransformer(1, 5, 4, d_model=0), ValueError, r"^d_model must be a positive int, got 0$"),
+        (lambda w: TinyTransformer(1, 5, 4, n_layers=0), ValueError, r"^n_layers must be a positive int, got 0$"),
+        (lambda w: TinyTransformer(1, 5, 4, n_heads=0), ValueError, r"^n_heads must be a positive int, got 0$"),
+        (lambda w: TinyTransformer(1, 5, 4, d_ff=0), ValueError, r"^d_ff must be a positive int, got 0$"),
+        (lambda w: TinyTransformer(1, 5, 4, d_model=6, n_heads=4), ValueError,
+         r"^n_heads must divide d_model, got d_model=6, n_heads=4$"),
+        (lambda w: TinyTransformer(1, 5, 4, seed=1.5), TypeError, r"^seed must be an int"),
+        (lambda w: _model(w, 1)(torch.zeros(1, 2, 3)), TypeError, r"^inputs must be a long tensor of token ids$"),
+        (lambda w: _model(w, 1)([[0]]), TypeError, r"^inputs must be a long tensor of token ids$"),
+        (lambda w: _model(w, 1)(torch.zeros(2, 2, 3, dtype=torch.long)), ValueError,
+         r"^inputs must have shape \(n_models=1, B, S\), got \(2, 2, 3\)$"),
+        (lambda w: _model(w, 1)(torch.zeros(1, 2, dtype=torch.long)), ValueError,
+         r"^inputs must have shape \(n_models=1, B, S\), got \(1, 2\)$"),
+        (lambda w: _model(w, 1)(torch.zeros(1, 2, w.max_len + 2, dtype=torch.long)), ValueError,
+         r"^inputs: 10 positions, more than max_positions = 9$"),
+        (lambda w: _model(w, 1)(torch.full((1, 2, 3), 6, dtype=torch.long)), ValueError, r"^inputs must hold ids in \[0, 6\)$"),
+        (lambda w: _model(w, 1)(torch.full((1, 2, 3), -1, dtype=torch.long)), ValueError, r"^inputs must hold ids in \[0, 6\)$"),
+        (lambda w: sequence_inputs("world", _batch(w)), TypeError, r"^world must be a PromptWorld, got str$"),
+        (lambda w: sequence_inputs(w, "batch"), TypeError, r"^batch must be a PromptBatch, got str$"),
+        (lambda w: sequence_inputs(w, _batch(w), torch.zeros(2, 2)), TypeError,
+         r"^rows must be an \(R, B\) long tensor of batch rows$"),
+        (lambda w: sequence_inputs(w, _batch(w), torch.zeros(4, dtype=torch.long)), TypeError,
+         r"^rows must be an \(R, B\) long tensor of batch rows$"),
+        (lambda w: sequence_inputs(w, _batch(w), torch.full((1, 2), 24, dtype=torch.long)), ValueError,
+         r"^rows must index the batch's 24 rows$"),
+        (lambda w: sequence_inputs(w, _batch(w), torch.full((1, 2), -1, dtype=torch.long)), ValueError,
+         r"^rows must index the batch's 24 rows$"),
+        (lambda w: final_scores("model", None, None), TypeError, r"^model must be a TinyTransformer, got str$"),
+        (lambda w: final_scores(_model(w, 1), sequence_inputs(w, _batch(w)), torch.zeros(24)), TypeError,
+         r"^lengths must be a long tensor$"),
+        (lambda w: state_values("model", None), TypeError, r"^model must be a TinyTransformer, got str$"),
+        (lambda w: reward_model_start("model"), TypeError, r"^reward_model must be a TinyTransformer, got str$"),
+        (lambda w: tile("model", 2), TypeError, r"^model must be a TinyTransformer, got str$"),
+        (lambda w: tile(_model(w, 1), 0), ValueError, r"^times must be a positive int, got 0$"),
+        (lambda w: explained_variance(torch.ones(4, dtype=torch.long), torch.ones(4), torch.ones(4, dtype=torch.bool)),
+         TypeError, r"^prediction must be a float tensor$"),
+        (lambda w: explained_variance(torch.ones(4), [1.0], torch.ones(4, dtype=torch.bool)), TypeError,
+         r"^target must be a float tensor$"),
+        (lambda w: explained_variance(torch.ones(4), torch.ones(4), torch.ones(4)), TypeError, r"^mask must be a bool tensor$"),
+        (lambda w: explained_variance(torch.ones(4), torch.ones(3), torch.ones(4, dtype=torch.bool)), ValueError,
+         r"^prediction, target and mask must have the same shape$"),
+        (lambda w: explained_variance(torch.ones(4), torch.ones(4), torch.ones(3, dtype=torch.bool)), ValueError,
+         r"^prediction, target and mask must have the same shape$"),
+    ],
+)
+def test_bad_arguments_name_themselves(world, call, error, match):
+    with pytest.raises(error, match=match):
+        call(world)
+
+
+def test_explained_variance_of_a_single_valid_entry_is_undefined():
+    y = torch.tensor([[1.0, 3.0, 5.0], [2.0, 9.0, 9.0]])
+    m = torch.tensor([[True, True, True], [True, False, False]])  # row 1: one entry, no spread
+    with pytest.raises(ValueError, match=r"^target has no spread over the valid entries"):
+        explained_variance(y * 0.5, y, m)
