@@ -157,7 +157,7 @@ class Equivalence:
 def equivalence(x: ArrayLike, margin: float, alpha: float = 0.05) -> Equivalence:
     """Two one-sided tests (TOST) of ``|mean| < margin`` at level ``alpha``, for a null claim ("no practical difference").
 
-    The mean of ``x`` (per-seed differences, as for :func:`paired_ci`) is
+    The mean of ``x`` (per-seed differences, as for :func:`valuelab.paired_ci`) is
     declared within ``margin`` of 0 when both one-sided t-tests reject, which
     is the same as the :math:`1 - 2\\alpha` interval
     :math:`\\bar x \\pm t_{1-\\alpha,\\,n-1}\\, s/\\sqrt n` lying inside
