@@ -679,3 +679,15 @@ def test_torchrl_empty_and_single_step_batches():
     one = torch.tensor([[[2.0]]])
     adv, target = T.generalized_advantage_estimate(0.9, 0.5, one * 0.5, one * 3.0, one, torch.tensor([[[False]]]))
     assert adv.item() == pytest.approx(2.0 + 0.9 * 6.0 - 1.0) and target.item() == pytest.approx(2.0 + 0.9 * 6.0)  # + V - V
+
+
+def test_torchrl_flags_are_dense_and_outputs_contiguous():
+    r = torch.zeros(2, 3, 1)
+    with pytest.raises(TypeError, match=r"^done must be a dense \(strided\) tensor, got layout torch\.sparse_coo$"):
+        T.generalized_advantage_estimate(0.9, 0.9, r, r, r, torch.zeros(2, 3, 1, dtype=torch.bool).to_sparse())
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 1, generator=g)
+    done = torch.zeros(4, 3, 1, dtype=torch.bool)
+    done[-1] = True
+    adv, target = T.generalized_advantage_estimate(0.9, 0.8, x, x, x, done, time_dim=0)  # time on the first axis
+    assert adv.is_contiguous() and target.is_contiguous()

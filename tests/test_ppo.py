@@ -823,8 +823,28 @@ def test_train_many_messages(world):
         train_many([(world, arm, cfg)], [1], processes=0)
 
 
+def _recording(monkeypatch, threads_too: bool = True):
+    """train_ppo as train_many's jobs call it, noting the process each call ran in; set_num_threads noted, not done
+    (``threads_too``; not around a pool: its workers need the real one)."""
+    import os
+
+    real = ppo_module.train_ppo
+    threads = []
+
+    def train(*args, **kwargs):
+        h = real(*args, **kwargs)
+        h.pid = os.getpid()
+        return h
+
+    monkeypatch.setattr(ppo_module, "train_ppo", train)
+    if threads_too:
+        monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    return threads
+
+
 def test_train_many_in_this_process(world, monkeypatch):
     import inspect
+    import os
 
     from valuelab.ppo import train_many
 
@@ -833,13 +853,9 @@ def test_train_many_in_this_process(world, monkeypatch):
     arm = Arm("g", estimator="group")
     picked = []
     monkeypatch.setattr(ppo_module, "pick_device", lambda: picked.append(1) or "cpu")
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        out = train_many([(world, arm, cfg), (world, arm, cfg, (4,))], [2, 3], processes=1)
-        assert torch.get_num_threads() == 1  # processes=1: each job here, with one thread, as in a worker
-    finally:
-        torch.set_num_threads(threads)
+    threads = _recording(monkeypatch)
+    out = train_many([(world, arm, cfg), (world, arm, cfg, (4,))], [2, 3], processes=1)
+    assert [h.pid for h in out] == [os.getpid()] * 2 and threads == [1, 1]  # here, each job with one thread
     assert picked == [1] and [h.seeds for h in out] == [[2, 3], [4]]  # the device is picked once, for every job
     alone = train_ppo(world, arm, [4], cfg, device="cpu")
     np.testing.assert_array_equal(out[1].objective, alone.objective)
@@ -847,6 +863,8 @@ def test_train_many_in_this_process(world, monkeypatch):
 
 
 def test_train_many_forks_two_or_more_cpu_jobs_and_uses_the_given_device(world, monkeypatch):
+    import os
+
     from valuelab.ppo import train_many
 
     def refuse():
@@ -855,16 +873,11 @@ def test_train_many_forks_two_or_more_cpu_jobs_and_uses_the_given_device(world, 
     monkeypatch.setattr(ppo_module, "pick_device", refuse)
     cfg = PPOConfig(iterations=1, samples_per_prompt=2, minibatches=1)
     arm = Arm("g", estimator="group")
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        one = train_many([(world, arm, cfg)], [2], processes=2, device="cpu")  # a single job: here
-        assert torch.get_num_threads() == 1
-        torch.set_num_threads(2)
-        two = train_many([(world, arm, cfg), (world, arm, cfg, [3])], [2], processes=2, device=torch.device("cpu"))
-        assert torch.get_num_threads() == 2  # two jobs on the CPU: forked workers, this process untouched
-    finally:
-        torch.set_num_threads(threads)
+    _recording(monkeypatch, threads_too=False)
+    one = train_many([(world, arm, cfg)], [2], processes=2, device="cpu")  # a single job: here
+    assert one[0].pid == os.getpid()
+    two = train_many([(world, arm, cfg), (world, arm, cfg, [3])], [2], processes=2, device=torch.device("cpu"))
+    assert all(h.pid != os.getpid() for h in two)  # two jobs on the CPU: forked workers
     np.testing.assert_array_equal(one[0].objective, two[0].objective)
     assert [h.seeds for h in two] == [[2], [3]]
 
@@ -879,3 +892,12 @@ def test_policy_loss_clip_fraction_edges():
     one = torch.tensor([[True, False, False]])
     assert policy_loss(moved, lp, adv, mask=one).clip_fraction.item() == 1.0
     assert policy_loss(moved, lp, adv, mask=torch.zeros(1, 3, dtype=torch.bool)).clip_fraction.item() == 0.0
+
+
+def test_policy_loss_default_clip_is_02():
+    g = torch.Generator().manual_seed(3)
+    lp = -torch.rand(3, 5, generator=g, dtype=torch.float64)
+    old = lp + 0.5 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    adv = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    assert policy_loss(lp, old, adv).loss.item() == policy_loss(lp, old, adv, clip_range=0.2).loss.item()
+    assert policy_loss(lp, old, adv).loss.item() != policy_loss(lp, old, adv, clip_range=1.2).loss.item()
