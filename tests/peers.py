@@ -102,4 +102,4 @@ def need_trainer_runtime(package: str) -> None:
     except ImportError as e:
         if os.environ.get("REQUIRE_PEERS"):
             raise
-        pytest.skip(f"{package}'s runtime is not importable ({e}): pip install -r requirements.txt")
+        pytest.skip(f"{package}'s runtime is not importable ({e}): pip install -r requirements-trainers.txt")
