@@ -18,6 +18,7 @@ from valuelab.transformer import (
     reward_model_start,
     sequence_inputs,
     state_values,
+    select,
     tile,
 )
 
@@ -354,6 +355,25 @@ def test_tile_stacks_models_on_their_axis():
     assert tile(m, 1).n_models == 2
 
 
+def test_select_picks_models_in_order_and_copies():
+    m = TinyTransformer(4, 6, 5, seed=0)
+    sub = select(m, [2, 0])
+    assert sub.n_models == 2 and m.n_models == 4
+    for name, p in m.named_parameters():
+        q = getattr(sub, name)
+        axis = 1 if name in TinyTransformer.LAYER_PARAMS else 0
+        assert isinstance(q, torch.nn.Parameter) and q.shape[axis] == 2, name
+        torch.testing.assert_close(q.narrow(axis, 0, 1), p.narrow(axis, 2, 1), rtol=0, atol=0)
+        torch.testing.assert_close(q.narrow(axis, 1, 1), p.narrow(axis, 0, 1), rtol=0, atol=0)
+        assert q.data_ptr() != p.data_ptr()
+    x = torch.randint(0, 6, (4, 3, 5))
+    with torch.no_grad():  # each selected model computes what it computed inside the big ensemble
+        torch.testing.assert_close(sub(x[[2, 0]]), m(x)[[2, 0]], rtol=1e-6, atol=1e-6)
+        sub.head_b.add_(1.0)
+    assert float(m.head_b.abs().max()) == 0.0  # no shared storage
+    assert select(m, range(4)).n_models == 4
+
+
 def test_final_score_bounds():
     m = TinyTransformer(1, 6, 5, seed=0)
     x = torch.randint(0, 6, (1, 2, 5))
@@ -425,6 +445,13 @@ def test_explained_variance_along_another_axis_and_with_empty_slices():
         (lambda w: reward_model_start("model"), TypeError, r"^reward_model must be a TinyTransformer, got str$"),
         (lambda w: tile("model", 2), TypeError, r"^model must be a TinyTransformer, got str$"),
         (lambda w: tile(_model(w, 1), 0), ValueError, r"^times must be a positive int, got 0$"),
+        (lambda w: select("model", [0]), TypeError, r"^model must be a TinyTransformer, got str$"),
+        (lambda w: select(_model(w, 2), "01"), TypeError, r"^models must be a sequence of ints, got str$"),
+        (lambda w: select(_model(w, 2), [0.0]), TypeError, r"^models must be an int, got float$"),
+        (lambda w: select(_model(w, 2), []), ValueError, r"^models must name at least one model$"),
+        (lambda w: select(_model(w, 2), [2]), ValueError, r"^models must lie in \[0, 2\), got \[2\]$"),
+        (lambda w: select(_model(w, 2), [-1]), ValueError, r"^models must lie in \[0, 2\), got \[-1\]$"),
+        (lambda w: select(_model(w, 2), [1, 1]), ValueError, r"^models must be distinct, got \[1, 1\]$"),
         (lambda w: explained_variance(torch.ones(4, dtype=torch.long), torch.ones(4), torch.ones(4, dtype=torch.bool)),
          TypeError, r"^prediction must be a float tensor$"),
         (lambda w: explained_variance(torch.ones(4), [1.0], torch.ones(4, dtype=torch.bool)), TypeError,

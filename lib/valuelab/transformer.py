@@ -40,7 +40,7 @@ mixes models, so each one's result is what it would be alone.
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -55,6 +55,7 @@ __all__ = [
     "final_scores",
     "reward_model_start",
     "tile",
+    "select",
     "explained_variance",
 ]
 
@@ -252,6 +253,34 @@ def tile(model: TinyTransformer, times: int) -> TinyTransformer:
             setattr(out, name, nn.Parameter(torch.cat([p.detach().clone()] * times, dim=axis)))
     return out
 
+
+def select(model: TinyTransformer, models: Sequence[int]) -> TinyTransformer:
+    """An ensemble of the chosen models of ``model``, in the order given (chapter 13 (:doc:`/chapters/13_transformer_critic`)).
+
+    Model ``i`` of the result starts as model ``models[i]`` of ``model``:
+    chapter 13 trains twenty reward models (one per seed) and pretrains
+    critics from the first eight. Indices must be distinct ints in
+    ``[0, n_models)``. The result shares no storage with ``model``.
+    """
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
+    if isinstance(models, (str, bytes)) or not isinstance(models, (Sequence, range)):
+        raise TypeError(f"models must be a sequence of ints, got {type(models).__name__}")
+    idx = [check_int(i, "models") for i in models]
+    if not idx:
+        raise ValueError("models must name at least one model")
+    if any(not 0 <= i < model.n_models for i in idx):
+        raise ValueError(f"models must lie in [0, {model.n_models}), got {idx}")
+    if len(set(idx)) != len(idx):
+        raise ValueError(f"models must be distinct, got {idx}")
+    out = copy.deepcopy(model)
+    out.n_models = len(idx)
+    where = torch.tensor(idx, dtype=torch.long)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            axis = 1 if name in TinyTransformer.LAYER_PARAMS else 0
+            setattr(out, name, nn.Parameter(p.detach().index_select(axis, where.to(p.device)).clone()))
+    return out
 
 def explained_variance(prediction: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """:math:`1 - \\sum m\\,(y - \\hat y - \\overline{y - \\hat y})^2 / \\sum m\\,(y - \\bar y)^2` over the valid entries along ``dim`` (chapter 13 (:doc:`/chapters/13_transformer_critic`)).
