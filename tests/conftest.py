@@ -5,7 +5,35 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
+# The long run of the property-based suite (`make fuzz`, tests/test_fuzz.py): 2,500 examples per cheap function, at
+# least 100,000 in all (the session prints the count). Random, not derandomized: each run explores new inputs.
+settings.register_profile(
+    "fuzz", max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False,
+    print_blob=True,
+)
+# A medium run, to collect findings (about 15,000 examples in all, random; with FUZZ_SURVEY=1, see tests/test_fuzz.py).
+settings.register_profile(
+    "fuzz-medium", max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False,
+    print_blob=True,
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The property-based suite (tests/test_fuzz.py) still finds open defects (issue 25; see its notes):
+# until they are fixed it runs under `make fuzz` (VALUELAB_FUZZ=1) only, then it joins `make test`.
+collect_ignore = [] if os.environ.get("VALUELAB_FUZZ") == "1" else ["test_fuzz.py"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The number of examples the property-based suite ran (tests/test_fuzz.py), when it ran."""
+    import sys
+
+    fuzz = sys.modules.get("test_fuzz")
+    if fuzz is not None and fuzz.COUNTER["examples"]:
+        c = fuzz.COUNTER
+        terminalreporter.write_line(
+            f"fuzz: {c['examples']} examples run ({c['failures']} failed), profile "
+            f"{os.environ.get('HYPOTHESIS_PROFILE', 'ci')}, worker restarts {fuzz._WORKER.restarts}"
+        )
 
 
 

@@ -359,7 +359,7 @@ def test_bad_arm_raises(kwargs, error, match):
         (dict(critic_lr=-1.0), ValueError, r"^critic_lr must be non-negative, got -1\.0$"),
         (dict(clip_range=-0.1), ValueError, r"^clip_range must be non-negative, got -0\.1$"),
         (dict(value_clip=-0.1), ValueError, r"^value_clip must be non-negative, got -0\.1$"),
-        (dict(whiten=1), TypeError, r"^whiten must be a bool$"),
+        (dict(whiten=1), TypeError, r"^whiten must be a bool \(True or False\), got int$"),
     ],
 )
 def test_bad_config_raises(kwargs, error, match):
@@ -375,9 +375,9 @@ def test_bad_train_arguments_raise(world):
         train_ppo(world, arm, [], SMALL)
     with pytest.raises(ValueError, match=r"^seeds must be a non-empty list of ints$"):
         train_ppo(world, arm, 0, SMALL)
-    with pytest.raises(TypeError, match=r"^seeds\[i\] must be an int"):
+    with pytest.raises(TypeError, match=r"^seeds\[0\] must be an int"):
         train_ppo(world, arm, [0.5], SMALL)
-    with pytest.raises(TypeError, match=r"^seeds\[i\] must be an int"):
+    with pytest.raises(TypeError, match=r"^seeds\[0\] must be an int"):
         train_ppo(world, arm, [True], SMALL)
     with pytest.raises(TypeError, match=r"^world must be a PromptWorld, got str$"):
         train_ppo("world", arm, [0], SMALL)
@@ -813,11 +813,11 @@ def test_train_many_messages(world):
         train_many([(world, arm, cfg)])
     with pytest.raises(ValueError, match=r"^jobs\[0\] seeds must be a non-empty list of ints$"):
         train_many([(world, arm, cfg, [])], [1])
-    with pytest.raises(TypeError, match=r"^jobs\[0\] seeds\[i\] must be an int"):
+    with pytest.raises(TypeError, match=r"^jobs\[0\] seeds\[0\] must be an int"):
         train_many([(world, arm, cfg, [1.5])])
     with pytest.raises(ValueError, match=r"^seeds must be a non-empty list of ints$"):
         train_many([(world, arm, cfg)], ())
-    with pytest.raises(TypeError, match=r"^seeds\[i\] must be an int"):
+    with pytest.raises(TypeError, match=r"^seeds\[0\] must be an int"):
         train_many([(world, arm, cfg)], [True])
     with pytest.raises(ValueError, match=r"^processes must be a positive int, got 0$"):
         train_many([(world, arm, cfg)], [1], processes=0)

@@ -303,9 +303,12 @@ def test_global_count_is_the_denominator(aggregation):
         if aggregation == "seq-mean-token-mean":
             per_seq = per_seq / m.sum(-1).clamp(min=1)
         num = float(per_seq.sum())
-    got = vl.value_loss(v, ret, mask=m, aggregation=aggregation, global_count=7.0)
-    assert got.item() == pytest.approx(0.5 * num / 7.0, abs=1e-12)
-    assert vl.value_loss(v, ret, mask=m, aggregation=aggregation, global_count=0.5).item() == pytest.approx(0.5 * num, abs=1e-12)
+    got = vl.value_loss(v, ret, mask=m, aggregation=aggregation, global_count=20.0)  # >= the 15 tokens (5 sequences) here
+    assert got.item() == pytest.approx(0.5 * num / 20.0, abs=1e-12)
+    local = 15 if aggregation == "token-mean" else 5
+    assert vl.value_loss(v, ret, mask=m, aggregation=aggregation, global_count=local).item() == pytest.approx(0.5 * num / local, abs=1e-12)
+    with pytest.raises(ValueError, match=r"^global_count must be at least this rank's count"):  # issue 25: below the local count
+        vl.value_loss(v, ret, mask=m, aggregation=aggregation, global_count=local - 0.5)
     with pytest.raises(ValueError, match=r"^global_count must be positive, got 0$"):
         vl.value_loss(v, ret, mask=m, aggregation=aggregation, global_count=0)
     with pytest.raises(ValueError, match=r"^global_count must be non-negative, got -1\.0$"):
@@ -448,8 +451,8 @@ def test_statistics_edges():
 
 def test_value_loss_stats_passes_global_count():
     v, ret, old, m = _batch(8)
-    st = vl.value_loss_stats(v, ret, mask=m, old_values=old, clip_range=0.1, global_count=7.0)
-    want = vl.value_loss(v, ret, mask=m, old_values=old, clip_range=0.1, global_count=7.0)
+    st = vl.value_loss_stats(v, ret, mask=m, old_values=old, clip_range=0.1, global_count=20.0)
+    want = vl.value_loss(v, ret, mask=m, old_values=old, clip_range=0.1, global_count=20.0)
     assert st.loss.item() == pytest.approx(want.item(), abs=1e-15)
     assert st.loss.item() != pytest.approx(vl.value_loss(v, ret, mask=m, old_values=old, clip_range=0.1).item(), abs=1e-6)
 

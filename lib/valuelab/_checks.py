@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -39,6 +39,11 @@ __all__ = [
     "sum_is_finite",
     "require_finite",
     "traced",
+    "check_scalar",
+    "check_flag",
+    "check_index_range",
+    "check_seed",
+    "SEED_MAX",
 ]
 
 
@@ -209,16 +214,12 @@ def real_number(x: numbers.Real, name: str) -> float:
 
 def check_unit_interval(x: object, name: str, like: torch.Tensor) -> torch.Tensor:
     """``x`` (a float or a tensor) in [0, 1], broadcast to ``like``'s shape, dtype and device."""
-    if isinstance(x, bool):
-        raise TypeError(f"{name} must be a float or a tensor, not bool")
-    if isinstance(x, numbers.Real):
-        t = torch.tensor(real_number(x, name), dtype=like.dtype, device=like.device)
-    elif isinstance(x, torch.Tensor):
+    if isinstance(x, torch.Tensor):
         if x.dtype == torch.bool or x.is_complex():
             raise TypeError(f"{name} must be a real float tensor, got {x.dtype}")
         t = dense(x, name).to(device=like.device, dtype=like.dtype)
     else:
-        raise TypeError(f"{name} must be a float or a torch.Tensor, got {type(x).__name__}")
+        t = torch.tensor(check_scalar(x, name, "a float or a tensor"), dtype=like.dtype, device=like.device)
     if t.numel() and bool(torch.isnan(t).any()):
         raise ValueError(f"{name} must not be NaN")
     if t.numel() and not bool(((t >= 0) & (t <= 1)).all()):
@@ -242,11 +243,9 @@ def unit_scalar(x: object, name: str, dtype: torch.dtype) -> Optional[float]:
     """
     if type(x) is float and 0.0 <= x <= 1.0:  # the common case, without the checks below
         return x if dtype == torch.float64 else (float(np.float32(x)) if dtype == torch.float32 else torch.tensor(x, dtype=dtype).item())
-    if isinstance(x, bool):
-        raise TypeError(f"{name} must be a float or a tensor, not bool")
-    if not isinstance(x, numbers.Real):
+    if not isinstance(x, (numbers.Real, np.bool_)):
         return None
-    v = real_number(x, name)
+    v = check_scalar(x, name, "a float or a tensor")  # TypeError for a bool
     if dtype == torch.float32 and 0.0 <= v <= 1.0:
         v = float(np.float32(v))  # IEEE round to nearest, as torch.tensor(v, dtype=float32)
     elif dtype != torch.float64 or not 0.0 <= v <= 1.0:  # NaN fails the comparison
@@ -263,12 +262,10 @@ def check_bootstrap(bootstrap: object, like: torch.Tensor, name: str = "bootstra
     batch_shape = like.shape[:-1]
     if bootstrap is None:
         return torch.zeros(batch_shape, dtype=like.dtype, device=like.device)
-    if isinstance(bootstrap, bool):
-        raise TypeError(f"{name} must be a float or a tensor, not bool")
-    if isinstance(bootstrap, numbers.Real):
-        v = real_number(bootstrap, name)
+    if not isinstance(bootstrap, torch.Tensor):
+        v = check_scalar(bootstrap, name, "a float or a tensor")
         b = torch.full(batch_shape, v, dtype=like.dtype, device=like.device)
-    elif isinstance(bootstrap, torch.Tensor):
+    else:
         if not torch.is_floating_point(bootstrap):
             raise TypeError(f"{name} must have a floating dtype, got {bootstrap.dtype}")
         bootstrap = dense(bootstrap, name)
@@ -278,8 +275,6 @@ def check_bootstrap(bootstrap: object, like: torch.Tensor, name: str = "bootstra
                 f"got {tuple(bootstrap.shape)}"
             )
         b = bootstrap.to(device=like.device, dtype=like.dtype)
-    else:
-        raise TypeError(f"{name} must be a float or a torch.Tensor, got {type(bootstrap).__name__}")
     require_finite(b, name)
     return b
 
@@ -302,9 +297,7 @@ def check_positive_int(n: object, name: str) -> int:
 
 def check_nonnegative_scalar(x: object, name: str) -> float:
     """A finite real number that is at least 0."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    x = real_number(x, name)
+    x = check_scalar(x, name)
     if x != x or x in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be finite, got {x}")
     if x < 0:
@@ -315,3 +308,258 @@ def check_nonnegative_scalar(x: object, name: str) -> float:
 def optional_like(x: Optional[object], name: str, like: torch.Tensor, like_name: str) -> Optional[torch.Tensor]:
     """``check_like`` that lets None through."""
     return None if x is None else check_like(x, name, like, like_name)
+
+
+# ---------------------------------------------------------------------------
+# the four shared checks of issue 25: scalars, flags, index ranges, seeds
+# ---------------------------------------------------------------------------
+
+SEED_MAX = 2**63 - 1
+"""The largest seed valuelab takes. Every seed argument accepts exactly ``[0, 2**63 - 1]``: numpy's
+``default_rng`` refuses negative seeds, ``torch.Generator.manual_seed`` refuses seeds above ``2**64 - 1``,
+and an int64 holds every seed of the range."""
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _short_int(n: int) -> str:
+    """``str(n)``, or its size when it is too long to print (Python refuses ``str`` of ints over 4300 digits)."""
+    return str(n) if n.bit_length() <= 128 else f"an int of {n.bit_length()} bits"
+
+
+def check_scalar(x: object, name: str, what: str = "a real number") -> float:
+    """``x`` as a float when it is a real number: the one test of "is this a number" (the scalar check).
+
+    A bool (Python's or numpy's) is refused with ``TypeError("{name} must be
+    {what}, not bool")`` -- ``True`` is not a discount -- and anything that is
+    not a real number (a string, a complex number, None, an array, a tensor)
+    with ``TypeError("{name} must be {what}, got <type>")``: ``"0.9"`` is
+    not 0.9. Callers that also take a tensor branch on it before calling. A
+    number too large for a float is a ValueError (:func:`real_number`); NaN
+    and inf come back as floats for the caller's range check.
+    """
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be {what}, not bool")
+    if not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be {what}, got {type(x).__name__}")
+    return real_number(x, name)
+
+
+def check_flag(
+    x: object,
+    name: str,
+    *,
+    shape: Optional[Sequence[int]] = None,
+    device: Optional[torch.device] = None,
+    hint: str = "",
+    like_name: Optional[str] = None,
+) -> Union[bool, torch.Tensor]:
+    """A flag, read as documented and never by truthiness (the flag check).
+
+    ``shape`` None: a Python bool (or numpy's), returned as ``bool``; any other
+    object (``"no"``, ``1``, None, a tensor) is a TypeError naming ``name``,
+    where ``if x:`` would have read ``"no"`` as True and None as False.
+
+    ``shape`` given: a bool tensor of exactly that shape (never broadcast, and
+    an integer 0/1 tensor is refused: ``~1 == -2``), dense with data (no meta
+    tensor, :func:`dense`), on ``device`` when given. ``hint`` ends the type
+    and shape messages (``", one flag per sequence"``); ``like_name`` names
+    the tensor whose shape and device it must share.
+    """
+    if shape is None:
+        if isinstance(x, (bool, np.bool_)):
+            return bool(x)
+        raise TypeError(f"{name} must be a bool (True or False), got {type(x).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor{hint}")
+    x = dense(x, name)
+    shape = tuple(shape)
+    if tuple(x.shape) != shape:
+        where = f"the shape of {like_name}, {shape}" if like_name else f"shape {shape}"
+        raise ValueError(f"{name} must have {where}{hint}, got {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} must be on the device of {like_name or 'the data'}: {x.device} != {device}")
+    return x
+
+
+def check_index_range(
+    x: object,
+    name: str,
+    low: int,
+    high: Optional[int] = None,
+    *,
+    dtypes: Tuple[torch.dtype, ...] = (torch.int32, torch.int64),
+    nondecreasing: bool = False,
+    device: Optional[torch.device] = None,
+    message: Union[str, Callable[[], str], None] = None,
+) -> torch.Tensor:
+    """An integer tensor whose entries all lie in ``[low, high]`` (``high`` None: no upper bound), as int64 (the range check).
+
+    For offsets, lengths, token ids and labels: every entry is *compared*
+    with the bounds, never combined with another entry. Arithmetic on the
+    entries can wrap around in int64 -- ``cu[1:] - cu[:-1]`` of
+    ``[0, 2**63 - 1, -2, 4]`` is ``[2**63 - 1, 2**63 - 1, 6]``, all
+    "non-negative", and such offsets reach ``repeat_interleave`` and crash
+    the process -- and so can the bounds themselves: PyTorch compares an
+    int64 tensor with ``2**63`` (or an int32 one with ``2**40``) wrongly, so
+    a bound outside int64 is clamped here first. ``nondecreasing``: a 1-D
+    tensor that never decreases, checked as ``x[1:] >= x[:-1]``.
+
+    A meta tensor (or one whose storage was freed) is refused by
+    :func:`dense` before any ``.item()`` could fail; ``device``: where it
+    must live. Raises TypeError naming ``name`` for a non-tensor or a dtype
+    outside ``dtypes`` (bool included), ValueError with ``message`` (a
+    string, or a function giving it; default ``"{name} must lie in [low,
+    high]"``) for an entry out of range or a decrease.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        kinds = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must be an {kinds} tensor, got {x.dtype}")
+    x = dense(x, name)
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} must be on the device of the data: {x.device} != {device}")
+    x = x.long()
+
+    def refused() -> ValueError:
+        if callable(message):
+            return ValueError(message())
+        if message is not None:
+            return ValueError(message)
+        return ValueError(f"{name} must lie in [{low}, {high}]" if high is not None else f"{name} must be at least {low}")
+
+    if not x.numel():
+        return x
+    if low > _INT64_MAX or (high is not None and (high < _INT64_MIN or high < low)):
+        raise refused()  # no int64 lies in the range
+    bad = torch.zeros((), dtype=torch.bool, device=x.device)
+    if low > _INT64_MIN:
+        bad = bad | (x < low).any()
+    if high is not None and high < _INT64_MAX:
+        bad = bad | (x > high).any()
+    if nondecreasing:
+        if x.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
+        bad = bad | (x[1:] < x[:-1]).any()
+    if bool(bad):
+        raise refused()
+    return x
+
+
+def check_seed(seed: object, name: str = "seed", *, none_ok: bool = False) -> Optional[int]:
+    """A seed as an ``int`` in ``[0, 2**63 - 1]`` (:data:`SEED_MAX`), the same range for every seed argument (the seed check).
+
+    TypeError naming ``name`` for a bool, a float or anything not an int
+    (numpy ints are ints); ValueError naming ``name`` outside the range,
+    instead of numpy's "expected non-negative integer" or torch's "Overflow
+    when unpacking long long". ``none_ok``: None is returned as None.
+    """
+    if seed is None and none_ok:
+        return None
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{name} must be an int{' or None' if none_ok else ''}, got {type(seed).__name__}")
+    s = int(seed)
+    if not 0 <= s <= SEED_MAX:
+        raise ValueError(f"{name} must lie in [0, 2**63 - 1] (the seeds every generator of valuelab takes), got {_short_int(s)}")
+    return s
+
+
+# ---------------------------------------------------------------------------
+# issue 25: statistics that cannot overflow, counts, switches
+# ---------------------------------------------------------------------------
+
+
+def scale_of(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optional[int] = None) -> torch.Tensor:
+    """The unit a statistic of ``x`` is taken in: the power of two ``s`` with ``s <= max|x| < 2 s``.
+
+    The maximum is over the valid entries (``mask != 0``; all when ``mask`` is None), along ``dim``
+    (kept, for broadcasting) or over everything; 1 where no valid entry is
+    nonzero. Every ``|x / s| < 2``, so sums and squares of the scaled
+    entries stay far below the largest float, and dividing by a power of
+    two is exact (outside subnormals): a statistic taken on ``x / s`` and
+    multiplied back by ``s`` (or ``s**2``) is the unscaled formula's number
+    wherever that one does not overflow, and finite wherever the true value
+    is representable (the mean of ``[1e308, 1e308]`` is ``1e308``, not inf).
+    No gradient flows through ``s``.
+    """
+    a = x.detach().abs()
+    if mask is not None:
+        a = torch.where(mask != 0, a, torch.zeros((), dtype=a.dtype, device=a.device))
+    if a.numel() == 0:
+        shape = () if dim is None else tuple(1 if i == dim % max(a.dim(), 1) else k for i, k in enumerate(a.shape))
+        return torch.ones(shape, dtype=a.dtype, device=a.device)
+    m = a.amax() if dim is None else a.amax(dim, keepdim=True)
+    _, e = torch.frexp(m)  # m = f * 2**e with f in [0.5, 1)
+    s = torch.ldexp(torch.ones_like(m), e - 1)
+    return torch.where(m > 0, s, torch.ones((), dtype=a.dtype, device=a.device))
+
+
+def require_finite_result(x: Union[torch.Tensor, float], name: str, why: str) -> Union[torch.Tensor, float]:
+    """``x``, a result computed from finite inputs, if it is finite; else ``ValueError("{name}: {why}")``.
+
+    The last line of defence of the rule "finite inputs never give NaN or
+    inf silently": a statistic whose true value does not fit the float (a
+    variance of ``[1e308, -1e308]``, a policy ratio :math:`e^{1000}`) is an
+    error naming the argument responsible, never an inf returned.
+    """
+    if isinstance(x, torch.Tensor):
+        ok = (not x.numel()) or bool(torch.isfinite(x.detach()).all())
+    else:
+        ok = math.isfinite(x)
+    if not ok:
+        raise ValueError(f"{name}: {why}")
+    return x
+
+
+def check_count(count: object, name: str, *, at_least: float, what: str) -> float:
+    """A count given by the caller (a total over ranks, micro-batches...): a finite real number ``>= at_least`` and ``> 0``.
+
+    ``at_least`` is what this process alone holds (its local count): a
+    global count below it cannot be a total, and dividing by it would make
+    the local term too large. ``what`` names the local count in the message.
+    TypeError for a non-number (bool included), ValueError naming ``name``
+    otherwise.
+    """
+    c = check_scalar(count, name)
+    if not math.isfinite(c):
+        raise ValueError(f"{name} must be finite, got {c}")
+    if c < 0:
+        raise ValueError(f"{name} must be non-negative, got {c}")
+    if c == 0:
+        raise ValueError(f"{name} must be positive, got {count}")
+    if c < at_least:
+        raise ValueError(f"{name} must be at least {what} ({at_least:g}): a total over the ranks cannot be below one rank's share, got {count}")
+    return c
+
+
+_SWITCH_ON = ("1", "true", "yes", "on")
+_SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def env_switch(var: str, default: bool) -> bool:
+    """The on/off environment variable ``var``: ``1/true/yes/on`` or ``0/false/no/off`` in any case and with spaces around.
+
+    Unset or empty: ``default``. Any other value is not ignored silently: a
+    ``UserWarning`` names the variable, the value and the spellings
+    accepted, and ``default`` is kept (a typo in a switch read at import
+    must not make ``import valuelab`` fail).
+    """
+    import os
+    import warnings
+
+    raw = os.environ.get(var)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in _SWITCH_ON:
+        return True
+    if value in _SWITCH_OFF:
+        return False
+    warnings.warn(
+        f"{var}={raw!r} is neither on (1, true, yes, on) nor off (0, false, no, off; any case): "
+        f"ignored, {var} stays {'on' if default else 'off'}",
+        UserWarning,
+        stacklevel=2,
+    )
+    return default

@@ -75,7 +75,7 @@ from typing import Optional, Union
 import torch
 
 from ._blocked import fused_returns
-from ._checks import traced
+from ._checks import dense, traced
 from ._doubling import affine_scan as _affine_scan
 from ._masks import compaction_index, float_mask, right_padded_rows, valid_first_order
 from ._nstep import fast_nstep_returns
@@ -160,6 +160,7 @@ def fast_backward_scan(x: torch.Tensor, d: Decay) -> torch.Tensor:
         return _toeplitz_scan(x, c)
     if not isinstance(d, torch.Tensor):
         raise TypeError(f"d must be a float or a torch.Tensor, got {type(d).__name__}")
+    d = dense(d, "d")  # a meta tensor has no value to read (float(d) below)
     if d.dim() == 0 or d.numel() == 1:
         if d.device.type == "cpu" and not traced(d):  # reading it costs nothing: the cached float path
             return _toeplitz_scan(x, float(d.to(x.dtype)))

@@ -5,8 +5,10 @@ Derived in :doc:`/chapters/09_fast_gae` (section "One pass in C"). On a CPU,
 and λ call :func:`scan` first; it returns None, and the PyTorch block scan
 runs instead, on a GPU, when the kernel was not built or is refused (see
 below; a :class:`UserWarning` says so, once per process), or when it is
-switched off (environment variable ``VALUELAB_NATIVE=0`` or
-:func:`disabled`; no warning). Both paths give the recursion's results to
+switched off (environment variable ``VALUELAB_NATIVE=0``, or ``false``,
+``no``, ``off`` in any case, read once at import; or :func:`disabled`; no
+warning). Another value of ``VALUELAB_NATIVE`` is not ignored silently: a
+``UserWarning`` names it, and the kernel stays on. Both paths give the recursion's results to
 float rounding; the tests run both. ``python -m valuelab info`` prints which
 one runs.
 
@@ -48,6 +50,8 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from ._checks import env_switch
+
 __all__ = ["available", "status", "disabled", "scan", "threads_for", "lanes", "library_path"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -63,7 +67,7 @@ _path: Optional[Path] = None  # the file it was loaded from
 _tried = False
 _status = "not loaded yet"
 _warned = False
-_enabled = os.environ.get("VALUELAB_NATIVE", "1") != "0"
+_enabled = env_switch("VALUELAB_NATIVE", True)  # 0/false/no/off (any case) switch the kernel off
 _stat = os.stat  # the ownership check's stat (the tests replace it)
 
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ._checks import check_nonnegative_scalar, check_positive_int
+from ._checks import check_nonnegative_scalar, check_positive_int, check_seed
 from .advantages import gae
 from .losses import masked_mean, value_loss
 from .returns import discounted_returns, nstep_returns, td_targets
@@ -129,7 +129,8 @@ class TinyCritic(nn.Module):
         max_len: the world's ``max_len`` (scales the position feature).
         embed_dim, hidden_size: sizes of the embedding and of the GRU state.
         seed: seeds the initial weights without touching the global RNG
-            (None: use the global RNG, as ``nn.Module`` does).
+            (None: use the global RNG, as ``nn.Module`` does); an int in
+            ``[0, 2**63 - 1]``, as every seed of valuelab.
     """
 
     def __init__(
@@ -140,11 +141,10 @@ class TinyCritic(nn.Module):
         self.max_len = check_positive_int(max_len, "max_len")
         embed_dim = check_positive_int(embed_dim, "embed_dim")
         hidden_size = check_positive_int(hidden_size, "hidden_size")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        seed = check_seed(seed, none_ok=True)
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
-                torch.manual_seed(int(seed))
+                torch.manual_seed(seed)
             self.embed = nn.Embedding(self.vocab_size + 1, embed_dim)
             self.gru = nn.GRU(embed_dim + 1, hidden_size, batch_first=True)
             self.head = nn.Linear(hidden_size, 1)

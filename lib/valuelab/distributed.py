@@ -3,7 +3,8 @@
 :func:`run_on_ranks` starts ``world_size`` processes (``spawn``), joins them
 in a ``torch.distributed`` gloo group through a file in a private temporary
 folder, calls ``fn(rank, world_size, *args)`` in each and returns what each
-returned (``torch.save``-able). :func:`shard_statistics` is such a function:
+returned (anything ``torch.save`` writes: tensors, and also named tuples,
+dataclasses, numpy arrays). :func:`shard_statistics` is such a function:
 it takes its rows of a seeded batch and computes valuelab's masked
 statistics and value loss with ``group=`` the whole group, so that the
 result can be compared with :func:`batch_statistics` on the whole batch in
@@ -18,7 +19,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 
-from ._checks import check_positive_int
+from ._checks import check_int, check_positive_int, check_seed
 from .losses import AGGREGATIONS, masked_mean, masked_var, masked_whiten, value_loss_stats
 
 __all__ = ["run_on_ranks", "demo_batch", "batch_statistics", "shard_statistics"]
@@ -39,7 +40,11 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any) -> List[Any]:
     """``[fn(0, world_size, *args), ..., fn(world_size - 1, ...)]``, each in its own process of one gloo group.
 
     ``fn`` must be importable by name (a module-level function), as
-    ``spawn`` requires.
+    ``spawn`` requires. Its result is anything ``torch.save`` writes; it is
+    read back in full (``weights_only=False``: PyTorch's default since 2.6
+    refuses a named tuple or a dataclass), which is safe here because the
+    file was written by this call's own child process into a private
+    folder.
     """
     import torch.multiprocessing as mp
 
@@ -48,11 +53,17 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any) -> List[Any]:
         raise TypeError("fn must be a module-level function of an importable module (spawn pickles it by name)")
     with tempfile.TemporaryDirectory() as tmp:  # private (0700): nothing is read from a folder others can write
         mp.spawn(_entry, args=(fn, world_size, os.path.join(tmp, "init"), tmp, args), nprocs=world_size, join=True)
-        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(world_size)]
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
 
 
 def demo_batch(seed: int = 0, rows: int = 16, length: int = 12):
-    """A seeded batch of critic values, targets, frozen values and a right-padded mask (float64)."""
+    """A seeded batch of critic values, targets, frozen values and a right-padded mask (float64).
+
+    ``seed`` in ``[0, 2**63 - 1]``, as every seed of valuelab; ``rows`` and ``length`` positive ints.
+    """
+    seed = check_seed(seed)
+    rows = check_positive_int(rows, "rows")
+    length = check_positive_int(length, "length")
     g = torch.Generator().manual_seed(seed)
     values = torch.randn(rows, length, generator=g, dtype=torch.float64)
     returns = values + 0.7 * torch.randn(rows, length, generator=g, dtype=torch.float64)
@@ -83,9 +94,22 @@ def batch_statistics(values, returns, old, mask, group=None, clip_range: float =
 
 
 def shard_statistics(rank: int, world_size: int, sizes: Sequence[int], seed: int = 0) -> Dict[str, torch.Tensor]:
-    """:func:`batch_statistics` of this rank's rows of :func:`demo_batch` (rank r holds ``sizes[r]`` rows), over the whole group."""
+    """:func:`batch_statistics` of this rank's rows of :func:`demo_batch` (rank r holds ``sizes[r]`` rows), over the whole group.
+
+    ``sizes``: one non-negative int per rank (``world_size`` of them), not all 0;
+    the batch has ``sum(sizes)`` rows, so no rank's share exceeds the whole.
+    """
     import torch.distributed as dist
 
+    world_size = check_positive_int(world_size, "world_size")
+    rank = check_int(rank, "rank")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must lie in [0, {world_size - 1}], got {rank}")
+    if not isinstance(sizes, (list, tuple)) or len(sizes) != world_size:
+        raise ValueError(f"sizes must be a list of {world_size} row counts, one per rank, got {sizes!r:.80}")
+    sizes = [check_int(k, f"sizes[{i}]") for i, k in enumerate(sizes)]
+    if min(sizes) < 0 or sum(sizes) == 0:
+        raise ValueError(f"sizes must be non-negative row counts, not all 0, got {sizes!r:.80}")
     values, returns, old, mask = demo_batch(seed, rows=sum(sizes))
     start = sum(sizes[:rank])
     rows = slice(start, start + sizes[rank])

@@ -12,12 +12,15 @@ import torch
 
 from ._checks import (
     canonical_mask,
+    check_count,
     check_like,
     check_mask,
     check_nonnegative_scalar,
     check_sequence_tensor,
     optional_like,
     require_finite,
+    require_finite_result,
+    scale_of,
 )
 from ._dist import all_sum, check_group, global_sums
 from ._scan import as_batch
@@ -37,14 +40,58 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 
 def _scale(x: torch.Tensor, m: torch.Tensor, dim: Optional[int]) -> torch.Tensor:
-    """The largest ``|x|`` among the valid entries (along ``dim``, kept), 1 where that is 0: the statistics' unit.
+    """The power of two at the largest ``|x|`` among the valid entries (along ``dim``, kept), 1 where that is 0: the statistics' unit.
 
     Dividing by it first keeps every sum and square below the largest float
-    (a mean of finite numbers is finite; so is a variance once scaled).
+    (a mean of finite numbers is finite; so is a variance once scaled), and
+    exactly (:func:`valuelab._checks.scale_of`).
     """
-    a = (x * m).abs()
-    s = a.amax() if dim is None else a.amax(dim, keepdim=True)
-    return torch.where(s > 0, s, torch.ones((), dtype=s.dtype, device=s.device))
+    return scale_of(x, m, dim)
+
+
+def _valid(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``x`` where ``m`` is nonzero, 0 elsewhere: a masked entry never enters a sum, even as inf * 0 = NaN."""
+    return torch.where(m != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _var_scaled(x: torch.Tensor, m: torch.Tensor, dim: Optional[int] = None, unbiased: bool = False):
+    """``(v, s)``: the variance of the valid entries of ``x`` along ``dim`` (kept) is ``v * s**2``, with ``s`` a power of two (:func:`_scale`).
+
+    ``v`` is taken on ``x / s`` (every entry below 2 in size), so it never
+    overflows; the divisor is the count (``unbiased``: the count minus 1),
+    at least 1.
+    """
+    s = _scale(x, m, dim)
+    xs = _valid(x / s, m)
+    keep = {} if dim is None else {"dim": dim, "keepdim": True}
+    n = m.sum(**keep)
+    mean = xs.sum(**keep) / n.clamp(min=1)
+    centred = _valid(xs - mean, m)
+    return (centred * centred).sum(**keep) / (n - 1 if unbiased else n).clamp(min=1), s
+
+
+def _explained_variance(
+    target: torch.Tensor, prediction: torch.Tensor, m: torch.Tensor, dim: Optional[int], no_spread: str, too_far: str
+) -> torch.Tensor:
+    r""":math:`1 - \mathrm{Var}(y - \hat y) / \mathrm{Var}(y)` over the valid entries (biased variances; along ``dim``, or all), float64.
+
+    Both variances are taken on power-of-two scales (:func:`_var_scaled`),
+    the residual on the common scale of ``y`` and :math:`\hat y`, so no
+    finite input overflows on the way; only a ratio beyond the largest
+    float is inf. ``ValueError(no_spread)`` where ``Var(y)`` is 0 (the
+    statistic is not defined), ``ValueError(too_far)`` where the ratio
+    overflows (the prediction's errors are more than 1e308 times the
+    target's spread).
+    """
+    y, p, m = target.to(torch.float64), prediction.to(torch.float64), m.to(torch.float64)  # counts exact past 2**24
+    s0 = torch.maximum(_scale(y, m, dim), _scale(p, m, dim))
+    v_y, s_y = _var_scaled(y, m, dim)
+    v_r, s_r = _var_scaled(_valid(y / s0 - p / s0, m), m, dim)
+    if bool((v_y <= 0).any()):
+        raise ValueError(no_spread)
+    k = s_r * s0 / s_y  # a power of two
+    ev = 1 - (v_r / v_y) * k * k
+    return require_finite_result(ev if dim is None else ev.squeeze(dim), *too_far.split(": ", 1))
 
 
 def masked_mean(
@@ -69,14 +116,16 @@ def masked_mean(
         if dim is not None:
             raise ValueError("dim must be None with group (the mean over the whole distributed batch)")
         xw, mw = x.to(torch.float64), m.to(torch.float64)
-        total, count = global_sums(group, (xw * mw).sum(), mw.sum())  # one all-reduce
-        return (total / count.clamp(min=1)).to(x.dtype)
+        total, count = global_sums(group, _valid(xw, mw).sum(), mw.sum())  # one all-reduce
+        out = (total / count.clamp(min=1)).to(x.dtype)
+        return require_finite_result(out, "x", "the sum of its valid entries over the ranks overflows float64: rescale x")
     xw, mw = _wide(x), _wide(m)
     s = _scale(xw, mw, dim)
-    if dim is None:
+    if dim is None:  # mw: the weights 1/n of the valid entries, so that the scale multiplies a mean, never a sum
+        xw, mw = _valid(xw, mw), mw / mw.sum().clamp(min=1)  # ([1e308, 1e308] has mean 1e308, not inf)
         out = s * ((xw / s) * mw).sum() / mw.sum().clamp(min=1)
     else:
-        out = s.squeeze(dim) * ((xw / s) * mw).sum(dim) / mw.sum(dim).clamp(min=1)
+        out = s.squeeze(dim) * (_valid(xw / s, mw).sum(dim) / mw.sum(dim).clamp(min=1))
     return out.to(x.dtype)
 
 
@@ -98,14 +147,14 @@ def masked_var(
     if not isinstance(unbiased, bool):
         raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
     if check_group(group) is not None:
-        return _moments(x, m, group, unbiased)[1].to(x.dtype)
-    xw, mw = _wide(x), _wide(m)
-    count = mw.sum()
-    if count < (2 if unbiased else 1):
-        raise ValueError(f"mask must select at least {2 if unbiased else 1} entries for the {'un' if unbiased else ''}biased variance")
-    mean = (xw * mw).sum() / count
-    centred = (xw - mean) * mw
-    return ((centred * centred).sum() / (count - 1 if unbiased else count)).to(x.dtype)
+        out = _moments(x, m, group, unbiased)[1].to(x.dtype)
+    else:
+        xw, mw = _wide(x), _wide(m)
+        if mw.sum() < (2 if unbiased else 1):
+            raise ValueError(f"mask must select at least {2 if unbiased else 1} entries for the {'un' if unbiased else ''}biased variance")
+        v, s = _var_scaled(xw, mw, unbiased=unbiased)  # on x's scale: [1e308, 1e308] has variance 0, not NaN
+        out = (v * s * s).to(x.dtype)
+    return require_finite_result(out, "x", f"its variance exceeds the largest {x.dtype} (the spread is too large): rescale x")
 
 
 def _moments(x: torch.Tensor, m: torch.Tensor, group: Any, unbiased: bool):
@@ -116,9 +165,11 @@ def _moments(x: torch.Tensor, m: torch.Tensor, group: Any, unbiased: bool):
         where = " over the ranks" if group is not None else ""
         raise ValueError(f"mask must select at least {2 if unbiased else 1} entries{where} for the {'un' if unbiased else ''}biased variance")
     mean = total / count
-    centred = (xw - mean) * mw
+    centred = _valid(xw - mean, mw)
     (squares,) = global_sums(group, (centred * centred).sum())
-    return mean, squares / (count - 1 if unbiased else count)
+    var = squares / (count - 1 if unbiased else count)
+    require_finite_result(torch.stack([mean, var]), "x", "its mean or variance over the ranks overflows float64: rescale x")
+    return mean, var
 
 
 def masked_whiten(
@@ -157,7 +208,7 @@ def masked_whiten(
     eps = check_nonnegative_scalar(eps, "eps")
     if not isinstance(unbiased, bool):
         raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
-    if check_group(group) is not None or not unbiased:
+    if check_group(group) is not None:
         xw, mw = x.to(torch.float64), m.to(torch.float64)
         mean, var = _moments(x, m, group, unbiased)
         out = (xw - mean) * torch.rsqrt(var + eps) if float(var + eps) > 0 else (xw - mean)
@@ -165,14 +216,20 @@ def masked_whiten(
             out = out + mean
         return (out * mw).to(x.dtype)
     count = m.sum()
-    if count < 2:
+    if unbiased and count < 2:
         raise ValueError("mask must select at least two entries to whiten (unbiased variance)")
+    if not unbiased and count < 1:
+        raise ValueError("mask must select at least 1 entries for the biased variance")
     xw, mw = _wide(x), _wide(m)
     s = _scale(xw, mw, None)
-    xs = xw / s
-    mean = (xs * mw).sum() / count
-    centred = (xs - mean) * mw
-    var = (centred * centred).sum() / (count - 1) + (math.sqrt(eps) / s) ** 2  # (sigma^2 + eps) / s^2
+    xs = _valid(xw / s, mw)
+    mean = xs.sum() / count
+    centred = _valid(xs - mean, mw)
+    if unbiased:
+        var = (centred * centred).sum() / (count - 1)
+    else:
+        var = (centred * centred).sum() / count
+    var = var + (math.sqrt(eps) / s) ** 2  # (sigma^2 + eps) / s^2
     var = torch.where(var > 0, var, torch.ones((), dtype=var.dtype, device=var.device))  # 0 only when centred is
     out = centred * torch.rsqrt(var)
     if not shift_mean:
@@ -193,6 +250,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "t
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     x, m = as_batch(per_token), as_batch(mask)
+    x = _valid(x, m)  # a masked entry (inf: inf * 0 = NaN) never reaches the sum, nor its gradient
     if aggregation == "token-mean":
         return (x * m).sum() / m.sum().clamp(min=1)
     per_seq = (x * m).sum(-1)
@@ -273,18 +331,19 @@ def value_loss(
 def _shard_term(sq: torch.Tensor, m: torch.Tensor, aggregation: str, group: Any, global_count: Optional[float]) -> torch.Tensor:
     """This shard's numerator over the global denominator (tokens, or non-empty sequences)."""
     x, mm = as_batch(sq), as_batch(m).to(sq.dtype)
+    xm = _valid(x * mm, mm)
     if aggregation == "token-mean":
-        num, local = (x * mm).sum(), mm.sum()
+        num, local = xm.sum(), mm.sum()
+        what = "this rank's count of valid tokens"
     else:
-        per_seq = (x * mm).sum(-1)
+        per_seq = xm.sum(-1)
         if aggregation == "seq-mean-token-mean":
             per_seq = per_seq / mm.sum(-1).clamp(min=1)
         nonempty = (mm.sum(-1) > 0).to(sq.dtype)
         num, local = (per_seq * nonempty).sum(), nonempty.sum()
+        what = "this rank's count of non-empty sequences"
     if global_count is not None:
-        count = check_nonnegative_scalar(global_count, "global_count")
-        if count <= 0:
-            raise ValueError(f"global_count must be positive, got {global_count}")
+        count = check_count(global_count, "global_count", at_least=float(local), what=what)
     else:
         count = float(all_sum(local.reshape(1), group)[0]) if group is not None else float(local)
     return num / max(count, 1.0)
@@ -332,8 +391,15 @@ def value_loss_stats(
             c = float(clip_range)
             binds = ((old + (v - old).clamp(-c, c) - g) ** 2 > (v - g) ** 2).to(torch.float64)
             fraction = masked_mean(binds, m, group=group).to(values.dtype)
-        total = masked_var(g, m, unbiased=False, group=group)
-        if float(total) <= 0:
-            raise ValueError("returns have no spread over the valid tokens: the explained variance is undefined")
-        ev = (1 - masked_var(g - v, m, unbiased=False, group=group) / total).to(values.dtype)
+        no_spread = "returns have no spread over the valid tokens: the explained variance is undefined"
+        too_far = ("values: its errors are so much larger than the spread of the returns that the explained "
+                   f"variance overflows {values.dtype}")
+        if group is None:
+            ev = _explained_variance(g, v, m, None, no_spread, too_far)
+        else:
+            total = masked_var(g, m, unbiased=False, group=group)
+            if float(total) <= 0:
+                raise ValueError(no_spread)
+            ev = 1 - masked_var(_valid(g - v, m), m, unbiased=False, group=group) / total
+        ev = require_finite_result(ev.to(values.dtype), *too_far.split(": ", 1))
     return ValueLossStats(loss, fraction, ev)

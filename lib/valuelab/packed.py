@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._checks import check_sequence_tensor
+from ._checks import check_flag, check_index_range, check_sequence_tensor, dense
 from .advantages import GAEResult, gae
 from .returns import discounted_returns
 
@@ -45,6 +45,10 @@ def packing(cu_seqlens: torch.Tensor, n_tokens: int) -> Packing:
     ``cu_seqlens`` is an integer tensor ``(S + 1,)`` that starts at 0, never
     decreases (empty sequences are allowed) and ends at ``n_tokens``;
     otherwise ``ValueError`` naming it (``TypeError`` for a float or bool one).
+    The entries are compared with their bounds and their neighbours before
+    any is subtracted (``valuelab._checks.check_index_range``): offsets
+    whose differences wrap around in int64 are refused, not handed to
+    ``repeat_interleave``. A meta tensor is refused too (ValueError).
     """
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
@@ -52,11 +56,16 @@ def packing(cu_seqlens: torch.Tensor, n_tokens: int) -> Packing:
         raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must have shape (S + 1,) with S >= 1, got {tuple(cu_seqlens.shape)}")
-    cu = cu_seqlens.long()
-    lengths = cu[1:] - cu[:-1]
-    if int(cu[0]) != 0 or bool((lengths < 0).any()) or int(cu[-1]) != n_tokens:
-        raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the number of tokens ({n_tokens}), "
-                         f"got {cu_seqlens.tolist() if cu_seqlens.numel() <= 12 else 'a tensor that does not'}")
+    cu_seqlens = dense(cu_seqlens, "cu_seqlens")  # data behind it (not meta; a zero tensor materialised) for the message
+
+    def refused() -> str:
+        return (f"cu_seqlens must start at 0, never decrease and end at the number of tokens ({n_tokens}), "
+                f"got {cu_seqlens.tolist() if cu_seqlens.numel() <= 12 else 'a tensor that does not'}")
+
+    cu = check_index_range(cu_seqlens, "cu_seqlens", 0, n_tokens, nondecreasing=True, message=refused)
+    if int(cu[0]) != 0 or int(cu[-1]) != n_tokens:
+        raise ValueError(refused())
+    lengths = cu[1:] - cu[:-1]  # every entry of cu lies in [0, n_tokens]: no difference can wrap around
     n_seqs = lengths.numel()
     rows = torch.repeat_interleave(torch.arange(n_seqs, device=cu.device), lengths)
     cols = torch.arange(n_tokens, device=cu.device) - cu[rows]
@@ -75,10 +84,7 @@ def _bootstrap(truncated: Optional[torch.Tensor], bootstrap: Optional[torch.Tens
         if bootstrap is not None:
             raise ValueError("bootstrap is given but truncated is not: say which sequences were cut (truncated=...)")
         return None
-    if not isinstance(truncated, torch.Tensor) or truncated.dtype != torch.bool:
-        raise TypeError("truncated must be a bool tensor, one flag per sequence")
-    if truncated.shape != (n_seqs,):
-        raise ValueError(f"truncated must have shape ({n_seqs},), one flag per sequence, got {tuple(truncated.shape)}")
+    truncated = check_flag(truncated, "truncated", shape=(n_seqs,), hint=", one flag per sequence")
     if not bool(truncated.any()):
         return None
     if bootstrap is None:

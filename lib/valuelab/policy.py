@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ._checks import check_int, check_nonnegative_scalar, check_positive_int
+from ._checks import check_nonnegative_scalar, check_positive_int, check_seed, dense
 from .advantages import td_errors
 from .rewards import kl_shaped_rewards
 from .world import EOS, GOOD, Rollout, ScoreFn, _check_unit, _generator, _score_table, fraction_good
@@ -154,7 +154,7 @@ def make_prompt_world(
             reachable :math:`k \\le L`, else ``ValueError``. ``count_good``
             with scale ``s`` allows ``max_count = s``: a smaller state space,
             the same values.
-        seed: seeds the tables.
+        seed: seeds the tables, an int in [0, 2**63 - 1] (as every seed of valuelab).
     """
     n_prompts = check_positive_int(n_prompts, "n_prompts")
     vocab_size = check_positive_int(vocab_size, "vocab_size")
@@ -170,7 +170,7 @@ def make_prompt_world(
     beta = check_nonnegative_scalar(beta, "beta")
     gamma = _check_unit(gamma, "gamma")
     logit_scale = check_nonnegative_scalar(logit_scale, "logit_scale")
-    seed = check_int(seed, "seed")
+    seed = check_seed(seed)
     if score_fn is None:
         score_fn = count_good
     elif not callable(score_fn):
@@ -220,7 +220,7 @@ def _check_world(world: object) -> PromptWorld:
 def _check_policy(world: PromptWorld, probs: object, name: str = "probs") -> np.ndarray:
     """A policy table as float64 numpy, shape ``(..., P, L, C, K, V)``, rows on the simplex."""
     if isinstance(probs, torch.Tensor):
-        probs = probs.detach().to("cpu", torch.float64).numpy()
+        probs = dense(probs, name).detach().to("cpu", torch.float64).numpy()
     if not isinstance(probs, np.ndarray):
         raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(probs).__name__}")
     if not np.issubdtype(probs.dtype, np.floating):
@@ -459,6 +459,7 @@ def sample_responses(
     world = _check_world(world)
     if not isinstance(probs, torch.Tensor):
         raise TypeError(f"probs must be a torch.Tensor, got {type(probs).__name__}")
+    probs = dense(probs, "probs")
     shape = world.state_shape + (world.vocab_size,)
     if probs.dim() != len(shape) + 1 or tuple(probs.shape[1:]) != shape:
         raise ValueError(f"probs must have shape (R, {', '.join(map(str, shape))}), got {tuple(probs.shape)}")

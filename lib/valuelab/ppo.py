@@ -25,7 +25,8 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._checks import check_int, check_like, check_mask, check_nonnegative_scalar, check_positive_int, check_sequence_tensor
+from ._checks import (check_flag, check_index_range, check_like, check_mask, check_nonnegative_scalar, check_positive_int,
+                      check_seed, check_sequence_tensor, require_finite_result, scale_of)
 from .advantages import decoupled_gae, length_adaptive_lam
 from .losses import aggregate, masked_mean, masked_whiten, value_loss
 from .policy import PromptBatch, PromptWorld, evaluate_policy, reward_model_start, sample_responses, soft_optimal
@@ -75,6 +76,15 @@ def policy_loss(
     the bar being ``aggregation`` over valid tokens (see
     :func:`valuelab.losses.aggregate`). ``advantages`` and ``old_logprobs``
     are constants (detached).
+
+    A masked token's ratio is taken as 1 (its log-ratio never reaches
+    ``exp``), and where :math:`\hat A_t \ge 0` the log-ratio is capped just
+    above :math:`\log(1+\epsilon)`, where the clip already holds the term
+    at :math:`(1+\epsilon)\hat A_t` with zero gradient: neither value nor
+    gradient changes, but :math:`e^{1000}` never becomes inf (nor its
+    gradient NaN). Where :math:`\hat A_t < 0` the ratio is needed: a ratio
+    or a loss beyond the largest float is a ``ValueError`` naming
+    ``logprobs`` (or ``advantages``), never an infinite loss.
     """
     logprobs = check_sequence_tensor(logprobs, "logprobs")
     old_logprobs = check_like(old_logprobs, "old_logprobs", logprobs, "logprobs").detach()
@@ -82,12 +92,23 @@ def policy_loss(
     m = check_mask(mask, logprobs)
     m = torch.ones_like(logprobs) if m is None else m.to(logprobs.dtype)
     eps = check_nonnegative_scalar(clip_range, "clip_range")
-    ratio = torch.exp(logprobs - old_logprobs)
+    valid = m != 0
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    log_ratio = torch.where(valid, logprobs - old_logprobs, zero)
+    log_ratio = torch.where(advantages >= 0, log_ratio.clamp(max=math.log1p(eps) + 1.0), log_ratio)
+    ratio = torch.exp(log_ratio)
+    if not bool(torch.isfinite(ratio.detach()).all()):
+        raise ValueError(
+            f"logprobs: the ratio exp(logprobs - old_logprobs) overflows {logprobs.dtype} at a valid token with a "
+            "negative advantage, and the loss with it: the policy has moved too far from old_logprobs"
+        )
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
     clipped = ((ratio - 1).abs() > eps).to(logprobs.dtype)
     with torch.no_grad():
         fraction = (clipped * m).sum() / m.sum().clamp(min=1)
-    return PolicyLoss(-aggregate(surrogate, m, aggregation), fraction)
+    loss = require_finite_result(-aggregate(surrogate, m, aggregation), "advantages",
+                                 f"the loss overflows {logprobs.dtype}: the advantages times the ratios exceed the largest float")
+    return PolicyLoss(loss, fraction)
 
 
 def group_advantages(returns: torch.Tensor, group: torch.Tensor, *, normalise: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -97,24 +118,31 @@ def group_advantages(returns: torch.Tensor, group: torch.Tensor, *, normalise: b
     return minus the mean over the responses to the same prompt, divided by
     their standard deviation when ``normalise``. ``returns`` has shape
     ``(B,)`` (one number per response); ``group`` (B,) long gives each
-    response's group. Every group needs at least two responses.
+    response's group: any non-negative labels, on the device of ``returns``
+    (a negative one is a ValueError naming ``group``; the labels are
+    renumbered ``0..K-1`` first, so a label of ``2**40`` costs nothing).
+    Every group needs at least two responses. ``normalise`` is a bool.
     """
     returns = check_sequence_tensor(returns, "returns")
     if returns.dim() != 1:
         raise ValueError(f"returns must have shape (B,), got {tuple(returns.shape)}")
     if not isinstance(group, torch.Tensor) or group.dtype != torch.long or group.shape != returns.shape:
         raise TypeError("group must be a long tensor of the shape of returns")
+    group = check_index_range(group, "group", 0, dtypes=(torch.long,), device=returns.device,
+                              message=lambda: f"group must hold non-negative labels, got {int(group.min())}")
+    normalise = check_flag(normalise, "normalise")
     eps = check_nonnegative_scalar(eps, "eps")
-    n = torch.zeros(int(group.max()) + 1, dtype=returns.dtype, device=returns.device).index_add_(0, group, torch.ones_like(returns))
+    labels, label = torch.unique(group, return_inverse=True)  # 0..K-1: no tensor is sized by the largest label
+    n = torch.zeros(labels.numel(), dtype=returns.dtype, device=returns.device).index_add_(0, label, torch.ones_like(returns))
     if bool(((n > 0) & (n < 2)).any()):
         raise ValueError("group: every group needs at least two responses")
     n = n.clamp(min=1)
-    mean = torch.zeros_like(n).index_add_(0, group, returns) / n
-    centred = returns - mean[group]
+    mean = torch.zeros_like(n).index_add_(0, label, returns) / n
+    centred = returns - mean[label]
     if not normalise:
         return centred
-    var = torch.zeros_like(n).index_add_(0, group, centred * centred) / (n - 1).clamp(min=1)
-    return centred / (var.sqrt()[group] + eps)
+    var = torch.zeros_like(n).index_add_(0, label, centred * centred) / (n - 1).clamp(min=1)
+    return centred / (var.sqrt()[label] + eps)
 
 
 class AdvantageFit(NamedTuple):
@@ -148,14 +176,24 @@ def advantage_fit(estimate: torch.Tensor, exact: torch.Tensor, mask: torch.Tenso
     A = exact[..., :t_max][sel].double()
     if a.numel() < 2:
         raise ValueError("mask must select at least two tokens before t_max")
+    # on power-of-two scales (exact): no sum or square overflows, nor does a spread of 1e-300 square to 0
+    ea, eA = (math.frexp(float(scale_of(x)))[1] - 1 for x in (a, A))
+    a, A = torch.ldexp(a, torch.tensor(-ea, device=a.device)), torch.ldexp(A, torch.tensor(-eA, device=A.device))
     dA = A - A.mean()
     ss = float((dA * dA).sum())
     if ss == 0:
         raise ValueError("exact: the exact advantages have no spread over the selected tokens")
-    kappa = float((dA * (a - a.mean())).sum()) / ss
-    offset = float(a.mean()) - kappa * float(A.mean())
-    resid = a - offset - kappa * A
-    return AdvantageFit(kappa, offset, float(resid.std()))
+    kappa = float((dA * (a - a.mean())).sum()) / ss  # on the scales: times 2**(ea - eA) below
+    offset = float(a.mean()) - kappa * float(A.mean())  # times 2**ea below
+    noise = float((a - offset - kappa * A).std())  # times 2**ea below
+    why = "the fit does not fit a float64: estimate is too large against exact (or exact too small)"
+    try:
+        kappa, offset, noise = math.ldexp(kappa, ea - eA), math.ldexp(offset, ea), math.ldexp(noise, ea)
+    except OverflowError:
+        raise ValueError(f"estimate: {why}") from None
+    for v in (kappa, offset, noise):
+        require_finite_result(v, "estimate", why)
+    return AdvantageFit(kappa, offset, noise)
 
 
 @dataclass(frozen=True)
@@ -236,8 +274,7 @@ class PPOConfig:
         check_nonnegative_scalar(self.clip_range, "clip_range")
         if self.value_clip is not None:
             check_nonnegative_scalar(self.value_clip, "value_clip")
-        if not isinstance(self.whiten, bool):
-            raise TypeError("whiten must be a bool")
+        check_flag(self.whiten, "whiten")
 
 
 @dataclass
@@ -326,8 +363,7 @@ def train_ppo(
         raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
     if not isinstance(seeds, (list, tuple)) or not seeds:
         raise ValueError("seeds must be a non-empty list of ints")
-    for s in seeds:
-        check_int(s, "seeds[i]")
+    seeds = [check_seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     if (world.n_prompts * config.samples_per_prompt) % config.minibatches:
         raise ValueError("minibatches must divide n_prompts * samples_per_prompt (equal minibatches per run)")
     if device is None:
@@ -481,7 +517,7 @@ def _run_job(job: Tuple[PromptWorld, Arm, PPOConfig, List[int], str]) -> PPOHist
 def _check_seeds(seeds: object, name: str) -> List[int]:
     if not isinstance(seeds, (list, tuple)) or not seeds:
         raise ValueError(f"{name} must be a non-empty list of ints")
-    return [check_int(s, f"{name}[i]") for s in seeds]
+    return [check_seed(s, f"{name}[{i}]") for i, s in enumerate(seeds)]
 
 
 def train_many(

@@ -8,6 +8,8 @@ import random
 import numpy as np
 import torch
 
+from ._checks import check_seed
+
 __all__ = ["pick_device", "seed_everything"]
 
 
@@ -17,9 +19,14 @@ def pick_device() -> torch.device:
 
 
 def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python, numpy and torch (CPU and CUDA); return a CPU ``torch.Generator`` seeded the same."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    """Seed Python, numpy and torch (CPU and CUDA); return a CPU ``torch.Generator`` seeded the same.
+
+    ``seed`` is an int in ``[0, 2**63 - 1]``, the range every seed argument of
+    valuelab takes (``valuelab._checks.check_seed``): TypeError or
+    ValueError naming ``seed`` otherwise. numpy's legacy global generator
+    takes ``seed % 2**32``.
+    """
+    seed = check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

@@ -45,7 +45,8 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_index_range, check_int, check_positive_int, check_seed, dense, require_finite, require_finite_result
+from .losses import _explained_variance
 from .policy import PromptBatch, PromptWorld
 
 __all__ = [
@@ -76,7 +77,8 @@ class TinyTransformer(nn.Module):
         d_model, n_layers, n_heads, d_ff: sizes; ``n_heads`` must divide ``d_model``.
         seed: seeds the initial weights without touching the global RNG
             (None: the global RNG). The R models get different weights
-            from the one draw.
+            from the one draw. An int in ``[0, 2**63 - 1]``, as every seed
+            of valuelab.
     """
 
     def __init__(
@@ -101,8 +103,7 @@ class TinyTransformer(nn.Module):
         self.d_ff = check_positive_int(d_ff, "d_ff")
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads must divide d_model, got d_model={d_model}, n_heads={n_heads}")
-        if seed is not None:
-            seed = check_int(seed, "seed")
+        seed = check_seed(seed, none_ok=True)
         R, D, F, Lyr = self.n_models, self.d_model, self.d_ff, self.n_layers
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
 
@@ -144,8 +145,8 @@ class TinyTransformer(nn.Module):
         R, B, S = inputs.shape
         if S > self.max_positions:
             raise ValueError(f"inputs: {S} positions, more than max_positions = {self.max_positions}")
-        if inputs.numel() and (int(inputs.min()) < 0 or int(inputs.max()) >= self.n_tokens):
-            raise ValueError(f"inputs must hold ids in [0, {self.n_tokens})")
+        check_index_range(inputs, "inputs", 0, self.n_tokens - 1, dtypes=(torch.long,),
+                          message=f"inputs must hold ids in [0, {self.n_tokens})")
         H, D = self.n_heads, self.d_model
         dh = D // H
         idx = torch.arange(R, device=inputs.device)[:, None, None]
@@ -186,8 +187,8 @@ def sequence_inputs(world: PromptWorld, batch: PromptBatch, rows: Optional[torch
         return seq[None]
     if not isinstance(rows, torch.Tensor) or rows.dtype != torch.long or rows.dim() != 2:
         raise TypeError("rows must be an (R, B) long tensor of batch rows")
-    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= seq.shape[0]):
-        raise ValueError(f"rows must index the batch's {seq.shape[0]} rows")
+    check_index_range(rows, "rows", 0, seq.shape[0] - 1, dtypes=(torch.long,),
+                      message=f"rows must index the batch's {seq.shape[0]} rows")
     return seq[rows]
 
 
@@ -219,8 +220,8 @@ def final_scores(model: TinyTransformer, inputs: torch.Tensor, lengths: torch.Te
         lengths = lengths.expand(inputs.shape[:2])
     if lengths.shape != inputs.shape[:2]:
         raise ValueError(f"lengths must have shape (B,) or {tuple(inputs.shape[:2])}, got {tuple(lengths.shape)}")
-    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) >= inputs.shape[-1]):
-        raise ValueError("lengths must lie in [1, T]: a response has at least one token and fits the input")
+    check_index_range(lengths, "lengths", 1, inputs.shape[-1] - 1, dtypes=(torch.long,),
+                      message="lengths must lie in [1, T]: a response has at least one token and fits the input")
     return model(inputs).gather(-1, lengths[..., None]).squeeze(-1)
 
 
@@ -286,8 +287,12 @@ def explained_variance(prediction: torch.Tensor, target: torch.Tensor, mask: tor
     """:math:`1 - \\sum m\\,(y - \\hat y - \\overline{y - \\hat y})^2 / \\sum m\\,(y - \\bar y)^2` over the valid entries along ``dim`` (chapter 13 (:doc:`/chapters/13_transformer_critic`)).
 
     The statistic trainers log for the critic (1: perfect, 0: no better than
-    the mean, negative: worse). ``mask`` bool of the same shape. Raises
-    ``ValueError`` when the target has no spread.
+    the mean, negative: worse). ``mask`` bool of the same shape, on the same
+    device. Taken in float64 on power-of-two scales (finite inputs never
+    overflow on the way), returned in ``target``'s dtype. Raises
+    ``ValueError`` when the target has no spread, when an entry of
+    ``prediction`` or ``target`` is NaN or inf (masked ones included: fill
+    padding with 0), or when the result does not fit the dtype.
     """
     for name, x in (("prediction", prediction), ("target", target)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
@@ -296,14 +301,16 @@ def explained_variance(prediction: torch.Tensor, target: torch.Tensor, mask: tor
         raise TypeError("mask must be a bool tensor")
     if prediction.shape != target.shape or mask.shape != target.shape:
         raise ValueError("prediction, target and mask must have the same shape")
-    m = mask.to(target.dtype)
-    n = m.sum(dim)
-
-    def var(x: torch.Tensor) -> torch.Tensor:
-        mean = (x * m).sum(dim, keepdim=True) / n.clamp(min=1).unsqueeze(dim)
-        return (((x - mean) * m) ** 2).sum(dim) / n.clamp(min=1)
-
-    total = var(target)
-    if bool((total <= 0).any()):
-        raise ValueError("target has no spread over the valid entries: explained variance is undefined")
-    return 1 - var(target - prediction) / total
+    prediction, target, mask = dense(prediction, "prediction"), dense(target, "target"), dense(mask, "mask")
+    if not prediction.device == target.device == mask.device:
+        raise ValueError(f"prediction, target and mask must be on one device, got {prediction.device}, {target.device}, {mask.device}")
+    dim = check_int(dim, "dim")
+    rank = max(target.dim(), 1)
+    if not -rank <= dim < rank:
+        raise ValueError(f"dim must lie in [{-rank}, {rank - 1}] for a target of shape {tuple(target.shape)}, got {dim}")
+    require_finite(prediction, "prediction", mask)
+    require_finite(target, "target", mask)
+    too_far = f"prediction: its errors are so much larger than the spread of target that the explained variance overflows {target.dtype}"
+    ev = _explained_variance(target, prediction, mask.to(torch.float64), dim,
+                             "target has no spread over the valid entries: explained variance is undefined", too_far)
+    return require_finite_result(ev.to(target.dtype), *too_far.split(": ", 1))

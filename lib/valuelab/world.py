@@ -44,7 +44,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
-from ._checks import check_nonnegative_scalar, check_positive_int
+from ._checks import check_nonnegative_scalar, check_positive_int, check_seed, dense
 from .advantages import td_errors
 from .rewards import kl_shaped_rewards
 
@@ -218,7 +218,7 @@ def make_world(
             :func:`fraction_good`.
         score_noise: standard deviation of zero-mean Gaussian noise added to
             each sampled score (exact values are unchanged).
-        seed: seeds the tables (not the sampling; see :func:`sample`).
+        seed: seeds the tables (not the sampling; see :func:`sample`), an int in [0, 2**63 - 1].
     """
     vocab_size = check_positive_int(vocab_size, "vocab_size")
     if vocab_size < 3:
@@ -230,8 +230,7 @@ def make_world(
     ref_shift = check_nonnegative_scalar(ref_shift, "ref_shift")
     logit_scale = check_nonnegative_scalar(logit_scale, "logit_scale")
     score_noise = check_nonnegative_scalar(score_noise, "score_noise")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    seed = check_seed(seed)
     if score_fn is None:
         score_fn = fraction_good
     elif not callable(score_fn):
@@ -278,6 +277,7 @@ def exact_q(world: World, t, context, count) -> np.ndarray:
     ``vocab_size``. :math:`\\sum_a\\pi(a\\mid s)Q(s,a) = V(s)`, and the exact
     advantage is :math:`A(s,a) = Q(s,a) - V(s)`.
     """
+    t, context, count = (dense(x, name) if isinstance(x, torch.Tensor) else x for name, x in (("t", t), ("context", context), ("count", count)))
     t, context, count = np.broadcast_arrays(np.asarray(t), np.asarray(context), np.asarray(count))
     for name, x, hi in (("t", t, world.max_len), ("context", context, world.n_contexts), ("count", count, world.max_len + 1)):
         if not np.issubdtype(x.dtype, np.integer):
@@ -348,13 +348,14 @@ class Rollout:
 
 
 def _generator(generator: Union[int, torch.Generator]) -> torch.Generator:
+    """A CPU ``torch.Generator``, or one seeded by an int seed in ``[0, 2**63 - 1]`` (``valuelab._checks.check_seed``)."""
     if isinstance(generator, torch.Generator):
         if generator.device.type != "cpu":
             raise ValueError(f"generator must be a CPU torch.Generator, got one on {generator.device}")
         return generator
-    if isinstance(generator, bool) or not isinstance(generator, numbers.Integral):
+    if isinstance(generator, (bool, np.bool_)) or not isinstance(generator, numbers.Integral):
         raise TypeError(f"generator must be an int seed or a torch.Generator, got {type(generator).__name__}")
-    return torch.Generator().manual_seed(int(generator))
+    return torch.Generator().manual_seed(check_seed(generator, "generator"))
 
 
 def sample(

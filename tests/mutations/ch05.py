@@ -52,4 +52,7 @@ MUTATIONS = [
          why="lambda = 1 compared with the Monte-Carlo advantage without gamma^N V(s_{T+1})"),
     Slip(name="chain-bias-exponent", aims_at=47, cell=47, old="lam ** (L4 - 1)", new="lam ** L4",
          why="chain bias with lambda^L instead of lambda^(L-1)"),
+    Slip(name="chain-theory-exponent-L", aims_at=50, cell=49, old="1 - ETA * (1 - lm ** (L - 1))",
+         new="1 - ETA * (1 - lm ** L)",
+         why="the measured chain held to lambda^L: inside the 4-s.e. band, outside the paired check's"),
 ]

@@ -33,4 +33,12 @@ MUTATIONS = [
     Slip(name="oracle-kl-reward-sign", aims_at=23, function="valuelab.reference:kl_shaped_rewards",
          old="out.append(-beta * k)", new="out.append(beta * k)",
          why="the literal KL-shaped reward pays the KL instead of charging it"),
+    Slip(name="lambda-return-gamma-dropped", aims_at=23, cell=23,
+         old="vl.gae(one.rewards, one.values_exact, gamma=gam_, lam=0.9)",
+         new="vl.gae(one.rewards, one.values_exact, lam=0.9)",
+         why="the lambda-return computed without its gamma, against the literal at gamma = 0.9"),
+    Slip(name="td-expectation-next-state", aims_at=23, cell=23,
+         old="expected_v_next = np.r_[batch.values_exact.mean(0).cpu().numpy(), 0.0]",
+         new="expected_v_next = np.r_[batch.values_exact.mean(0).cpu().numpy()[1:], 0.0, 0.0]",
+         why="TD(0)'s error after k refreshes compared with E[V(s_{k+1})] instead of E[V(s_k)]"),
 ]

@@ -21,6 +21,8 @@ HOLE_CONVENTIONS = {
 
 def hole_convention(name: str) -> str:
     """What ``"skip"`` or ``"zero"`` means, in words (the dict ``valuelab.integrations.HOLE_CONVENTIONS``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, one of {tuple(HOLE_CONVENTIONS)}, got {type(name).__name__}")
     if name not in HOLE_CONVENTIONS:
         raise ValueError(f"name must be one of {tuple(HOLE_CONVENTIONS)}, got {name!r}")
     return HOLE_CONVENTIONS[name]

@@ -10,12 +10,11 @@ and the dtype of the outputs (:func:`promoted`).
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, MutableMapping, Optional, Tuple, Union
 
 import torch
 
-from .._checks import dense, real_number
+from .._checks import check_scalar, dense
 
 __all__ = ["swap", "rate", "promoted", "refuse_nonfinite"]
 
@@ -63,16 +62,14 @@ def rate(x: object, name: str, rows: int, *, per_row: bool) -> Union[float, torc
     Bools and strings are refused (``True`` is not a discount), as
     :func:`valuelab.gae` refuses them.
     """
-    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
-        raise TypeError(f"{name} must be a real number or a float tensor, not bool")
-    if isinstance(x, numbers.Real):
-        v = real_number(x, name)
-    elif isinstance(x, torch.Tensor):
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool:
+            raise TypeError(f"{name} must be a real number or a float tensor, not bool")
         if not torch.is_floating_point(x):
             raise TypeError(f"{name} must be a float tensor, got {x.dtype}")
         x = dense(x, name)
         if x.dim() == 0:
-            v = float(x)
+            v = float(x.detach())
         elif per_row and x.shape == (rows,):
             if not bool(((x >= 0) & (x <= 1)).all()):  # NaN fails both comparisons
                 raise ValueError(f"{name} must lie in [0, 1]")
@@ -81,7 +78,7 @@ def rate(x: object, name: str, rows: int, *, per_row: bool) -> Union[float, torc
             allowed = f"a 0-d tensor or shape ({rows},), one per row" if per_row else "a 0-d tensor"
             raise ValueError(f"{name} must be a number or {allowed}; got shape {tuple(x.shape)}")
     else:
-        raise TypeError(f"{name} must be a real number or a float tensor, got {type(x).__name__}")
+        v = check_scalar(x, name, "a real number or a float tensor")  # bools and strings refused, as valuelab.gae does
     if not 0.0 <= v <= 1.0:  # NaN fails the comparison
         raise ValueError(f"{name} must lie in [0, 1], got {v}")
     return v

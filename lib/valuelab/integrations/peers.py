@@ -25,6 +25,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from .._checks import check_flag, check_positive_int, check_scalar, check_seed
+
 __all__ = ["VERSIONS", "installed", "source_file", "load_function", "verl_gae", "verl_compute_advantage",
            "openrlhf_gae", "trl_ppo_block", "runtime_available", "demo_batch", "verl_advantages", "verl_run_ppo",
            "torchrl_functional"]
@@ -148,7 +150,15 @@ def runtime_available() -> bool:
 
 
 def demo_batch(seed: int, rows: int = 6, length: int = 12):
-    """``(rewards, values, mask)``: random float32 ``(rows, length)`` tensors, right padding and holes (mask int64)."""
+    """``(rewards, values, mask)``: random float32 ``(rows, length)`` tensors, right padding and holes (mask int64).
+
+    ``seed`` in ``[0, 2**63 - 1]`` (``valuelab._checks.check_seed``), ``length`` at least 3.
+    """
+    seed = check_seed(seed)
+    rows = check_positive_int(rows, "rows")
+    length = check_positive_int(length, "length")
+    if length < 3:
+        raise ValueError(f"length must be at least 3 (every row holds 3 to length tokens), got {length}")
     g = torch.Generator().manual_seed(seed)
     rewards = torch.randn(rows, length, generator=g)
     values = torch.randn(rows, length, generator=g)
@@ -159,8 +169,18 @@ def demo_batch(seed: int, rows: int = 6, length: int = 12):
     return rewards, values, (mask & ~hole).long()
 
 
+def _unit(x: object, name: str) -> float:
+    """A discount in [0, 1] as a float, for verl's config: ``True`` or ``"0.9"`` refused (``valuelab._checks.check_scalar``)."""
+    v = check_scalar(x, name)
+    if not 0.0 <= v <= 1.0:  # NaN fails the comparison
+        raise ValueError(f"{name} must lie in [0, 1], got {v}")
+    return v
+
+
 def verl_advantages(seed: int, gamma: float, lam: float) -> torch.Tensor:
     """verl's own ``ray_trainer.compute_advantage`` on :func:`demo_batch` in this process (whatever GAE ``core_algos`` holds)."""
+    seed = check_seed(seed)
+    gamma, lam = _unit(gamma, "gamma"), _unit(lam, "lam")
     from verl.protocol import DataProto  # noqa: PLC0415
     from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: PLC0415
 
@@ -183,6 +203,11 @@ def verl_run_ppo(overrides=(), *, seed: int = 2, gamma: float = 0.99, lam: float
     keeps verl's and Ray's console output (its ``ray init kwargs`` line,
     the workers' logs) out of the caller's.
     """
+    seed = check_seed(seed)
+    gamma, lam = _unit(gamma, "gamma"), _unit(lam, "lam")
+    quiet = check_flag(quiet, "quiet")
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(o, str) for o in overrides):
+        raise TypeError("overrides must be a sequence of str (Hydra overrides such as 'trainer.n_gpus_per_node=1')")
     import contextlib  # noqa: PLC0415
     import io  # noqa: PLC0415
     import logging  # noqa: PLC0415

@@ -29,7 +29,8 @@ from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from .._checks import check_int, check_mask, check_sequence_tensor, check_unit_interval, dense, require_finite, unit_scalar
+from .._checks import (check_flag, check_int, check_mask, check_sequence_tensor, check_unit_interval, dense, require_finite,
+                       unit_scalar)
 from .._fastscan import fast_backward_scan
 
 __all__ = [
@@ -68,6 +69,11 @@ def _like_reward(x: object, name: str, reward: torch.Tensor) -> torch.Tensor:
     if x.shape != reward.shape:
         raise ValueError(f"{name} must have the shape of reward, {tuple(reward.shape)}, got {tuple(x.shape)} "
                          "(TorchRL requires one shape for all the tensors; nothing is broadcast)")
+    return _kind_of_reward(x, name, reward)
+
+
+def _kind_of_reward(x: torch.Tensor, name: str, reward: torch.Tensor) -> torch.Tensor:
+    """``x`` (a tensor of ``reward``'s shape) if it has ``reward``'s dtype and device: nothing is cast or moved."""
     if x.dtype != reward.dtype:
         raise TypeError(f"{name} must have the dtype of reward: {x.dtype} != {reward.dtype}")
     if x.device != reward.device:
@@ -76,7 +82,7 @@ def _like_reward(x: object, name: str, reward: torch.Tensor) -> torch.Tensor:
 
 
 def _flag(x: object, name: str, reward: torch.Tensor) -> torch.Tensor:
-    """A bool tensor of exactly ``reward``'s shape, on its device."""
+    """A bool tensor of exactly ``reward``'s shape, on its device (``valuelab._checks.check_flag``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor, got {type(x).__name__}")
     if x.dtype != torch.bool:
@@ -84,12 +90,7 @@ def _flag(x: object, name: str, reward: torch.Tensor) -> torch.Tensor:
             f"{name} must be a bool tensor, got {x.dtype}: TorchRL takes ~{name}, which on an integer tensor is a "
             f"bitwise NOT (~1 == -2, not 0) and on a float tensor fails; pass {name}.bool()"
         )
-    x = dense(x, name)
-    if x.shape != reward.shape:
-        raise ValueError(f"{name} must have the shape of reward, {tuple(reward.shape)}, got {tuple(x.shape)}")
-    if x.device != reward.device:
-        raise ValueError(f"{name} must be on the device of reward: {x.device} != {reward.device}")
-    return x
+    return check_flag(x, name, shape=reward.shape, device=reward.device, like_name="reward")
 
 
 def _time_axis(time_dim: object, reward: torch.Tensor) -> int:
@@ -318,7 +319,8 @@ def to_torchrl(
     ``done`` is True at each row's last valid token; ``terminated`` there too
     unless the row is ``truncated`` (``(B,)`` bool), whose next value is then
     ``bootstrap`` (``(B,)``). The padding after a row's end is a trajectory
-    of its own for TorchRL: ignore its outputs (mask them).
+    of its own for TorchRL: ignore its outputs (mask them). ``bootstrap``
+    without ``truncated`` is refused (ValueError), not ignored.
     """
     rewards = check_sequence_tensor(rewards, "rewards")
     values = check_sequence_tensor(values, "values")
@@ -329,10 +331,10 @@ def to_torchrl(
     B, T = rewards.shape
     last = torch.arange(T, device=rewards.device) == (lengths - 1)[:, None]
     cut = torch.zeros(B, dtype=torch.bool, device=rewards.device)
+    if truncated is None and bootstrap is not None:
+        raise ValueError("bootstrap is given but truncated is not: say which rows were cut (truncated=...)")
     if truncated is not None:
-        if not isinstance(truncated, torch.Tensor) or truncated.dtype != torch.bool or truncated.shape != (B,):
-            raise TypeError(f"truncated must be a ({B},) bool tensor")
-        cut = truncated.to(rewards.device)
+        cut = check_flag(truncated, "truncated", shape=(B,), hint=", one flag per row").to(rewards.device)
     next_values = torch.zeros_like(values)
     next_values[:, :-1] = values[:, 1:]
     if bool(cut.any()):
@@ -398,10 +400,12 @@ def from_torchrl(state_value: torch.Tensor, next_state_value: torch.Tensor, rewa
     value. The layout :func:`to_torchrl` writes.
 
     Raises:
-        TypeError: a value tensor that is not a float tensor; ``done`` or
+        TypeError: a value tensor that is not a float tensor, or whose
+            dtype differs from ``reward``'s (nothing is cast); ``done`` or
             ``terminated`` not a bool tensor.
         ValueError: a value tensor not ``(B, T, 1)``, or shapes that
-            disagree; a row without a ``done`` step, or with several (a
+            disagree (nothing is broadcast); tensors on different devices,
+            or meta tensors; a row without a ``done`` step, or with several (a
             row of several trajectories: use
             :func:`generalized_advantage_estimate`, which computes GAE on
             TorchRL's layout directly); a ``terminated`` step that is not
@@ -413,9 +417,11 @@ def from_torchrl(state_value: torch.Tensor, next_state_value: torch.Tensor, rewa
                             f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != 1:
             raise ValueError(f"{name} must have shape (B, T, 1), got {tuple(x.shape)}")
+    reward = dense(reward, "reward")
     for name, x in (("state_value", state_value), ("next_state_value", next_state_value)):
         if x.shape != reward.shape:
             raise ValueError(f"{name} must have the shape of reward, {tuple(reward.shape)}, got {tuple(x.shape)}")
+        _kind_of_reward(dense(x, name), name, reward)
     done = _flag(done, "done", reward)
     terminated = done if terminated is None else _flag(terminated, "terminated", reward)
     d, term = done.squeeze(-1), terminated.squeeze(-1)

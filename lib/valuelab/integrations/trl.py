@@ -26,9 +26,10 @@ from typing import NamedTuple, Tuple
 
 import torch
 
-from .._checks import check_sequence_tensor
+from .._checks import check_flag, check_index_range, check_sequence_tensor
 from ..advantages import gae
 from ..losses import masked_whiten
+from ._swap import rate
 
 __all__ = ["TRLBatch", "from_trl", "trl_advantages"]
 
@@ -51,9 +52,7 @@ def _check(rewards: torch.Tensor, values: torch.Tensor, sequence_lengths: torch.
         raise TypeError("sequence_lengths must be an integer tensor (the index of each response's last token)")
     if sequence_lengths.shape != rewards.shape[:1]:
         raise ValueError(f"sequence_lengths must have shape ({rewards.shape[0]},), got {tuple(sequence_lengths.shape)}")
-    if bool((sequence_lengths < 0).any()) or bool((sequence_lengths >= rewards.shape[1]).any()):
-        raise ValueError(f"sequence_lengths must lie in [0, {rewards.shape[1] - 1}]")
-    return sequence_lengths.long()
+    return check_index_range(sequence_lengths, "sequence_lengths", 0, rewards.shape[1] - 1, device=rewards.device)
 
 
 def from_trl(rewards: torch.Tensor, values: torch.Tensor, sequence_lengths: torch.Tensor, *, phantom: bool = True) -> TRLBatch:
@@ -63,9 +62,11 @@ def from_trl(rewards: torch.Tensor, values: torch.Tensor, sequence_lengths: torc
     phantom step, when the row has room for it), so :func:`valuelab.gae`
     gives TRL's advantages there. ``phantom=False``: the score is moved onto
     the last real token, the phantom step is dropped and the mask covers
-    ``0..sequence_lengths``.
+    ``0..sequence_lengths``. ``phantom`` must be a bool (``"no"`` is not
+    False); ``sequence_lengths`` must lie on the device of ``rewards``.
     """
     n = _check(rewards, values, sequence_lengths)
+    phantom = check_flag(phantom, "phantom")
     B, T = rewards.shape
     idx = torch.arange(T, device=rewards.device)
     end = torch.where(n + 1 < T, n + 1, n)  # TRL's actual_end: where the score was added
@@ -83,8 +84,16 @@ def from_trl(rewards: torch.Tensor, values: torch.Tensor, sequence_lengths: torc
 def trl_advantages(
     rewards: torch.Tensor, values: torch.Tensor, sequence_lengths: torch.Tensor, gamma: float, lam: float
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """TRL's advantages (whitened over ``0..sequence_lengths``, 0 after) and returns, by :func:`valuelab.gae` (equation :eq:`eq-gae-recursion` of chapter 5)."""
+    """TRL's advantages (whitened over ``0..sequence_lengths``, 0 after) and returns, by :func:`valuelab.gae` (equation :eq:`eq-gae-recursion` of chapter 5).
+
+    ``gamma`` and ``lam`` are numbers in [0, 1] or 0-d float tensors, as
+    TRL's ``args.gamma`` and ``args.lam``: one discount for the whole batch.
+    A tensor of another shape is refused rather than broadcast over the rows
+    (bools and strings too).
+    """
     n = _check(rewards, values, sequence_lengths)
+    gamma = rate(gamma, "gamma", rewards.shape[0], per_row=False)
+    lam = rate(lam, "lam", rewards.shape[0], per_row=False)
     batch = from_trl(rewards, values, n, phantom=True)
     with torch.no_grad():
         out = gae(batch.rewards, batch.values, mask=batch.mask, gamma=gamma, lam=lam)

@@ -1,0 +1,345 @@
+"""Property-based tests of every public function, with hostile inputs (issue 25).
+
+For each public function (the table ``fuzz_targets.TARGETS``; a test below
+fails when a function of a public module's ``__all__`` has no entry),
+hypothesis draws calls in three modes -- valid arguments with ordinary
+values, the documented shapes and types with hostile values (NaN, ±inf,
+subnormals, ±1e308, integer extremes), and one or two arguments replaced by
+anything (every dtype, layout, device; scalars of every Python type) -- and
+runs each in a worker process (``fuzz_runner``) that checks the same
+properties for every call:
+
+* the call returns a correct result (the entry's oracle: ``valuelab.reference``
+  or an independent computation), or raises TypeError/ValueError whose
+  message names one of the function's parameters; a valid call returns;
+* it never crashes the process, never runs past a time bound, never spawns
+  processes without bound;
+* finite inputs never give NaN or inf;
+* it never changes its inputs.
+
+Profiles (``tests/conftest.py``): the default ``ci`` runs 250 examples per
+cheap function, about 15,000 in all (``make test``: about two minutes on 2
+cores); ``HYPOTHESIS_PROFILE=fuzz`` (``make fuzz``) runs 2,500 per cheap
+function, about 150,000 in all. The session prints the number of examples run.
+A failure found by the long run becomes an explicit example in
+``REGRESSIONS`` (at the end of this file), run before the drawn ones.
+``FUZZ_FINDINGS=path`` appends every failing call (JSON lines) to ``path``;
+``FUZZ_SURVEY=1`` logs failures without failing, to survey a library.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import math  # noqa: F401 - nan and inf for the examples' recipes
+import os
+from math import inf, nan  # noqa: F401
+
+import numpy as np  # noqa: F401
+import pytest
+import torch  # noqa: F401
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import fuzz_recipes
+import fuzz_runner
+import fuzz_targets
+from fuzz_recipes import O, T, perturb  # noqa: F401
+from fuzz_runner import Call
+from fuzz_targets import NOT_FUZZED, TARGETS
+
+PUBLIC_MODULES = [
+    "valuelab",
+    "valuelab.packed",
+    "valuelab.losses",
+    "valuelab.integrations",
+    "valuelab.integrations.verl",
+    "valuelab.integrations.openrlhf",
+    "valuelab.integrations.trl",
+    "valuelab.integrations.torchrl",
+    "valuelab.stats",
+    "valuelab.policy",
+    "valuelab.ppo",
+    "valuelab.transformer",
+    "valuelab.distributed",
+]
+
+SURVEY = bool(os.environ.get("FUZZ_SURVEY"))
+"""``FUZZ_SURVEY=1``: log failures (with ``FUZZ_FINDINGS``) and go on, so that each function's whole budget explores
+(hypothesis stops exploring at a function's first failure otherwise); the tests then pass. For collecting findings."""
+
+COUNTER = {"examples": 0, "failures": 0}
+"""Examples run in this session (read by conftest.pytest_terminal_summary)."""
+
+
+class FuzzFailure(AssertionError):
+    """A property failed; one subclass per kind, so that hypothesis reports each kind of failure on its own."""
+
+
+FAILURES = {kind: type(f"Fuzz_{kind}", (FuzzFailure,), {"__doc__": what}) for kind, what in fuzz_runner.KINDS.items()}
+
+
+def public_callables():
+    """``(module, name, object)`` for every callable in the ``__all__`` of the public modules (classes included)."""
+    for mod_name in PUBLIC_MODULES:
+        mod = importlib.import_module(mod_name)
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if inspect.ismodule(obj) or not callable(obj):
+                continue
+            yield mod_name, name, obj
+
+
+def canonical(obj) -> str:
+    return f"{obj.__module__}.{getattr(obj, '__qualname__', obj.__name__)}"
+
+
+def test_every_public_function_has_a_fuzz_entry():
+    """A new public function cannot escape the suite: each one needs an entry (a class may be listed as data only)."""
+    table = {id(fuzz_runner.resolve(name)): name for name in TARGETS}
+    missing = []
+    for mod_name, name, obj in public_callables():
+        if id(obj) in table:
+            continue
+        if inspect.isclass(obj) and canonical(obj) in NOT_FUZZED:
+            continue
+        missing.append(f"{mod_name}.{name}" + (" (a class: add it to NOT_FUZZED with a reason, or fuzz it)"
+                                               if inspect.isclass(obj) else ""))
+    assert not missing, f"public functions without a fuzz entry in tests/fuzz_targets.py: {missing}"
+    for name in NOT_FUZZED:
+        assert inspect.isclass(fuzz_runner.resolve(name)), f"NOT_FUZZED may list classes only, not {name}"
+
+
+def test_every_entry_names_a_public_function():
+    public = {id(obj) for _, _, obj in public_callables()}
+    stray = [name for name in TARGETS if id(fuzz_runner.resolve(name)) not in public]
+    assert not stray, f"entries for functions that are not public: {stray}"
+
+
+# ---------------------------------------------------------------------------
+# the calls
+# ---------------------------------------------------------------------------
+
+
+@st.composite
+def calls(draw, spec: fuzz_targets.Target):
+    """A call of ``spec``: valid, valid shapes with extreme values, or one or two arguments made hostile."""
+    mode = draw(st.sampled_from(spec.modes))
+    kwargs = dict(draw(spec.valid(mode == "extreme")))
+    varargs = tuple(kwargs.pop("*args", ()))
+    if mode == "hostile":
+        names = list(kwargs) + [f"*{i}" for i in range(len(varargs))]
+        if names:
+            chosen = draw(st.permutations(names))[: draw(st.integers(1, min(2, len(names))))]
+            varargs = list(varargs)
+            for name in chosen:
+                if name.startswith("*"):
+                    varargs[int(name[1:])] = draw(perturb(varargs[int(name[1:])]))
+                else:
+                    kwargs[name] = draw(perturb(kwargs[name]))
+            varargs = tuple(varargs)
+    return Call(spec.name, kwargs, mode, varargs)
+
+
+_WORKER = fuzz_runner.Worker()
+
+
+@pytest.fixture(scope="module")
+def worker():
+    yield _WORKER
+    _WORKER.stop()
+
+
+def _log(call: Call, kind: str, message: str) -> None:
+    path = os.environ.get("FUZZ_FINDINGS")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"target": call.target, "kind": kind, "message": message, "mode": call.mode,
+                                "call": repr(call), "python": fuzz_recipes.render(call.kwargs) +
+                                (f" *{fuzz_recipes.render(call.varargs)}" if call.varargs else "")}) + "\n")
+
+
+def run_call(worker: fuzz_runner.Worker, call: Call) -> None:
+    """One example: run it in the worker and turn a failed property into its failure class."""
+    spec = TARGETS[call.target]
+    COUNTER["examples"] += 1
+    status, kind, message = worker.run(call, spec.timeout)
+    if status != "ok":
+        COUNTER["failures"] += 1
+        _log(call, kind, message)
+        if not SURVEY:
+            raise FAILURES[kind](f"{call.target} ({call.mode} call) {fuzz_runner.KINDS[kind]}: {message}")
+
+
+PER_FUNCTION = {"ci": 250}
+"""Examples per cheap function (an entry's ``weight`` scales it) under a profile, when not the profile's
+``max_examples``: the default profile ``ci`` gives 60 to the other property tests and 250 here (about two minutes for
+the whole suite on 2 cores); ``fuzz`` (``make fuzz``) gives 2,500, at least 100,000 in all."""
+
+
+def examples_for(spec: fuzz_targets.Target) -> int:
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    return max(1, round(PER_FUNCTION.get(profile, settings.default.max_examples) * spec.weight))
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_fuzz(name, worker):
+    spec = TARGETS[name]
+
+    @settings(max_examples=examples_for(spec), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                                     HealthCheck.large_base_example])
+    @given(call=calls(spec))
+    def check(call):
+        run_call(worker, call)
+
+    for call in REGRESSIONS.get(name, []) + spec.examples:
+        check = example(call=call)(check)
+    check()
+
+
+# ---------------------------------------------------------------------------
+# regression examples: failures found by the long run (make fuzz), kept as explicit examples
+# ---------------------------------------------------------------------------
+
+M64 = 2**63 - 1
+F32 = "float32"
+
+
+def _c(name: str, mode: str = "hostile", /, *varargs, **kwargs) -> Call:
+    """A regression example: ``name(*varargs, **kwargs)`` in ``mode``."""
+    return Call(name, kwargs, mode, varargs)
+
+
+REGRESSIONS = {
+    # index arithmetic that overflows: differences of [0, 2**63 - 1, -2, 4] wrap around and pass a check by subtraction
+    "valuelab.packed.packing": [
+        _c("valuelab.packed.packing", cu_seqlens=T((4,), "int64", (0, M64, -2, 4)), n_tokens=4),
+        _c("valuelab.packed.packing", cu_seqlens=T((2,), "int64", (0, 0), device="meta"), n_tokens=0),
+    ],
+    "valuelab.packed.gae_packed": [
+        _c("valuelab.packed.gae_packed", rewards=T((4,), F32), values=T((4,), F32),
+           cu_seqlens=T((4,), "int64", (0, M64, -2, 4)), gamma=1.0, lam=0.95, truncated=None, bootstrap=None),
+    ],
+    "valuelab.packed.discounted_returns_packed": [  # a flag tensor with no data behind it: a segfault
+        _c("valuelab.packed.discounted_returns_packed", rewards=T((0,), F32), cu_seqlens=T((3,), "int64", (0, 0, 0)),
+           gamma=0.0, truncated=T((2,), "bool", (False,), layout="freed"), bootstrap=T((2,), F32)),
+    ],
+    # loops with no bound
+    "valuelab.stats.t_quantile": [
+        _c("valuelab.stats.t_quantile", p=0.75, df=2**63),
+        _c("valuelab.stats.t_quantile", p=[0.5], df=1),
+    ],
+    # silent broadcasting and coercion
+    "valuelab.losses.aggregate": [
+        _c("valuelab.losses.aggregate", per_token=T((), F32, (0.0,)), mask=T((1, 2), F32, (0.0,)), aggregation="token-mean"),
+        _c("valuelab.losses.aggregate", per_token=T((1, 2), F32, device="meta"), mask=T((1, 2), F32),
+           aggregation="token-mean"),
+    ],
+    "valuelab.losses.masked_whiten": [
+        _c("valuelab.losses.masked_whiten", x=T((1, 2), F32, (0.0, 1.0)), mask=T((1, 2), "bool", (True,)), shift_mean=0,
+           eps=1e-8, group=None, unbiased=False),
+        _c("valuelab.losses.masked_whiten", "extreme", x=T((2,), "float64", (0.0, 1e308)), mask=T((2,), "bool", (True,)),
+           shift_mean=True, eps=1e-8, group=None, unbiased=False),
+    ],
+    "valuelab.integrations.trl.from_trl": [
+        _c("valuelab.integrations.trl.from_trl", rewards=T((1, 1), F32), values=T((1, 1), F32),
+           sequence_lengths=T((1,), "int64", (0,)), phantom=0),
+    ],
+    "valuelab.ppo.group_advantages": [
+        _c("valuelab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (0, 0)),
+           normalise=None, eps=1e-6),
+        _c("valuelab.ppo.group_advantages", "valid", returns=T((2,), F32, (0.0,)), group=T((2,), "int64", (0, 0)),
+           normalise=True, eps=0.0),
+        _c("valuelab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (-1, -1)),
+           normalise=True, eps=1e-6),
+        _c("valuelab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (2**40, 2**40)),
+           normalise=True, eps=1e-6),
+    ],
+    # silent NaN and inf
+    "valuelab.integrations.verl.whiten": [
+        _c("valuelab.integrations.verl.whiten", "valid", values=T((1, 2), F32, (0.0,)), mask=T((1, 2), "bool", (True,)),
+           eps=0.0),
+    ],
+    "valuelab.ppo.policy_loss": [
+        _c("valuelab.ppo.policy_loss", "extreme", logprobs=T((1, 2), F32, (3.4e38,)), old_logprobs=T((1, 2), F32),
+           advantages=T((1, 2), F32, (-3.0,)), mask=None, clip_range=0.0, aggregation="token-mean"),
+    ],
+    "valuelab.stats.mean_ci": [_c("valuelab.stats.mean_ci", "extreme", x=[0.0, 1e308], level=0.5)],
+    "valuelab.losses.masked_mean": [
+        _c("valuelab.losses.masked_mean", "extreme", x=T((2,), "float64", (1e308,)), mask=None, dim=None, group=None),
+        _c("valuelab.losses.masked_mean", x=T((1, 2), F32), mask=None, dim=2, group=None),
+    ],
+    "valuelab.returns.td_targets": [
+        _c("valuelab.returns.td_targets", "extreme", rewards=T((1, 2), F32), values=T((1, 2), F32), mask=None, gamma=0.0,
+           bootstrap=1e308),
+    ],
+    "valuelab.policy.count_good": [
+        _c("valuelab.policy.count_good", count=O("numpy", (T((2,), "int64", (1, 2)),)),
+           length=O("numpy", (T((2,), "int64", (2, 3)),)), scale=0),
+    ],
+    # labels and seeds
+    "valuelab.runtime.seed_everything": [
+        _c("valuelab.runtime.seed_everything", seed=-1),
+        _c("valuelab.runtime.seed_everything", seed=2**64 + 1),
+        _c("valuelab.runtime.seed_everything", "valid", seed=np.int64(7)),
+    ],
+    "valuelab.distributed.demo_batch": [
+        _c("valuelab.distributed.demo_batch", seed=True, rows=1, length=1),
+        _c("valuelab.distributed.demo_batch", seed=0, rows=0, length=2),
+    ],
+    "valuelab.policy.sample_responses": [
+        _c("valuelab.policy.sample_responses", world=O("world", (dict(n_prompts=1, vocab_size=3, max_len=1),)),
+           probs=O("probs", (O("world", (dict(n_prompts=1, vocab_size=3, max_len=1),)), (1,), "ref", 0, "torch")),
+           samples_per_prompt=1, generators=[-1], evaluation=None, dtype=torch.float32),
+    ],
+    # contracts broken quietly
+    "valuelab.distributed.batch_statistics": [  # the caller's tensor gets a gradient
+        _c("valuelab.distributed.batch_statistics", values=T((1, 3), F32, grad=True), returns=T((1, 3), F32, (0.0, 1.0)),
+           old=T((1, 3), F32), mask=T((1, 3), "bool", (True,)), group=None, clip_range=0.2),
+    ],
+    "valuelab.distributed.run_on_ranks": [  # a result torch.save wrote that torch.load refuses
+        _c("valuelab.distributed.run_on_ranks", "hostile", 4, np.uint8(4), fn=O("fn", ("fuzz_targets.rank_echo",)),
+           world_size=1),
+    ],
+    "valuelab.losses.value_loss": [  # a global count below this shard's own count
+        _c("valuelab.losses.value_loss", values=T((1, 3), F32, (1.0, 2.0, 3.0)), returns=T((1, 3), F32), mask=None,
+           old_values=None, clip_range=None, aggregation="token-mean", group=None, global_count=1.0),
+    ],
+    "valuelab.transformer.final_scores": [  # an efficient zero tensor of ids reaches an index op: a segfault
+        _c("valuelab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=2, d_model=1,
+                                                                          n_layers=1, n_heads=1, d_ff=1),)),
+           inputs=T((1, 1, 2), "int64", layout="zero"), lengths=T((1,), "int64", (1,))),
+        _c("valuelab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=2, d_model=1,
+                                                                          n_layers=1, n_heads=1, d_ff=1),)),
+           inputs=T((1, 1, 2), "int64", device="meta"), lengths=T((1,), "int64", (1,))),
+    ],
+    # messages that name no argument
+    "valuelab.advantages.decoupled_gae": [
+        _c("valuelab.advantages.decoupled_gae", rewards=T((1, 2), F32), values=T((1, 2), F32), mask=None, gamma=1.0,
+           lam_actor=0.95, lam_critic=-1e-9, bootstrap=None),
+    ],
+    "valuelab.integrations._conventions.hole_convention": [
+        _c("valuelab.integrations._conventions.hole_convention", name=["skip"]),
+    ],
+    "valuelab.integrations.trl.trl_advantages": [
+        _c("valuelab.integrations.trl.trl_advantages", "valid", rewards=T((1, 1), F32), values=T((1, 1), F32),
+           sequence_lengths=T((1,), "int64", (0,)), gamma=1.0, lam=0.95),
+    ],
+    "valuelab.integrations.verl.compute_gae_advantage_return": [
+        _c("valuelab.integrations.verl.compute_gae_advantage_return", token_level_rewards=T((1, 2), F32),
+           values=T((1, 2), F32), response_mask=T((1, 2), F32, (0.0,)), gamma=1.0, lam=0.95),
+    ],
+    "valuelab.transformer.explained_variance": [
+        _c("valuelab.transformer.explained_variance", prediction=T((2, 5), F32), target=T((2, 5), F32, (0.0, 1.0)),
+           mask=T((2, 5), "bool", (True,)), dim=2),
+    ],
+    "valuelab.transformer.tile": [
+        _c("valuelab.transformer.tile", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=1, d_model=1,
+                                                               n_layers=1, n_heads=1, d_ff=1),)), times=2**31),
+    ],
+    "valuelab.stats.pm": [
+        _c("valuelab.stats.pm", ci=O("interval_of", ([0.5, -1.0], 0.95)), decimals=2**63),
+    ],
+}
