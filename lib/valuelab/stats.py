@@ -127,8 +127,8 @@ def t_quantile(p: float, df: int) -> float:
     ends when the bracket is one float wide). The bracket is
     :math:`[0, 1/(\\pi(1-p))]`: t(df)'s tail is at most the Cauchy tail
     :math:`\\arctan(1/q)/\\pi < 1/(\\pi q)`. The tail is numerical
-    integration of the density (:func:`_t_central` above :math:`1 - p =
-    10^{-3}`, :func:`_t_tail` below), so every ``p < 1`` that a float holds
+    integration of the density (``_t_central`` above :math:`1 - p =
+    10^{-3}`, ``_t_tail`` below), so every ``p < 1`` that a float holds
     has its quantile, up to :math:`1 - 2^{-53}` (about 6.7e7 at ``df = 2``);
     any ``df >= 1`` is taken (``df`` above 1e18 is the normal distribution
     to double precision). Accurate to about 1e-11 relative against
