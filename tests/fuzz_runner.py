@@ -277,7 +277,9 @@ def check_call(call: Call) -> Tuple[str, str, str]:
     except BaseException as exc:  # noqa: BLE001 - any other exception is the finding
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
-        return "fail", "exception", f"raised {type(exc).__name__}: {str(exc)[:300]}{where}"
+        text = str(exc)
+        text = text if len(text) <= 600 else f"{text[:200]} [...] {text[-400:]}"  # a child's traceback ends with its error
+        return "fail", "exception", f"raised {type(exc).__name__}: {text}{where}"
     what = changed(before, inputs)
     if what is not None:
         return "fail", "mutated", f"changed its input {what}" + (f" (then raised {raised!r})" if raised else "")

@@ -341,5 +341,117 @@ REGRESSIONS = {
     ],
     "valuelab.stats.pm": [
         _c("valuelab.stats.pm", ci=O("interval_of", ([0.5, -1.0], 0.95)), decimals=2**63),
+        _c("valuelab.stats.pm", "valid", ci=O("interval_of", ([0.5, -1.0], 0.95)), decimals=np.int64(2)),
+    ],
+    # found by the default profile once the first round was fixed (tests/test_hardening_fuzz_findings.py)
+    "valuelab.transformer.TinyTransformer": [  # torch's "Overflow when unpacking long long"
+        _c("valuelab.transformer.TinyTransformer", n_models=1, n_tokens=2, max_positions=2, d_model=2,
+           n_layers=np.uint64(2**64 - 1), n_heads=1, d_ff=2, seed=0),
+    ],
+    "valuelab.policy.make_prompt_world": [  # numpy's "array is too big"
+        _c("valuelab.policy.make_prompt_world", n_prompts=1, vocab_size=2**31, max_len=2),
+    ],
+    "valuelab.stats.paired_ci": [  # a view with the negative bit set: numpy() refused it
+        _c("valuelab.stats.paired_ci", "valid", a=T((3,), "float64", (1.0, 2.0, 4.0), layout="neg"),
+           b=T((3,), "float64", (0.0, 1.0, 1.0)), level=0.95),
+    ],
+    "valuelab.integrations.torchrl.generalized_advantage_estimate": [  # +inf advantages from finite rewards
+        _c("valuelab.integrations.torchrl.generalized_advantage_estimate", "extreme", gamma=1.0, lmbda=1.0,
+           state_value=T((3, 1), "float64"), next_state_value=T((3, 1), "float64"),
+           reward=T((3, 1), "float64", (1e308,)), done=T((3, 1), "bool", (False,)), terminated=None, time_dim=-2),
+    ],
+    "valuelab.rewards.kl_shaped_rewards": [  # RuntimeError from torch.full: a score beyond float32
+        _c("valuelab.rewards.kl_shaped_rewards", "extreme", logprobs=T((1, 2), F32), ref_logprobs=T((1, 2), F32),
+           score=1e308, mask=None, beta=0.1, estimator="k1"),
+    ],
+    "valuelab.distributed.shard_statistics": [  # outside a group: this rank's own statistics, passed off as the group's
+        _c("valuelab.distributed.shard_statistics", "valid", rank=1, world_size=2, sizes=[1, 1], seed=1073741820),
     ],
 }
+REGRESSIONS["valuelab.transformer.tile"].append(  # five million copies: a list of tensors for torch.cat, past the bound
+    _c("valuelab.transformer.tile", model=O("model", (dict(n_models=3, n_tokens=4, max_positions=1, d_model=2, n_layers=1,
+                                                           n_heads=1, d_ff=4, seed=5044308),)), times=np.int64(5044308)))
+REGRESSIONS["valuelab.ppo.group_advantages"].append(  # the float32 variance overflowed: zeros, not [0.58, 0.58, -1.15]
+    _c("valuelab.ppo.group_advantages", "valid", returns=T((3,), F32, (65504.0, -1.4, -1e20)),
+       group=T((3,), "int64", (0, 0, 0)), normalise=True, eps=1e-6))
+REGRESSIONS["valuelab.integrations.verl.compute_gae_advantage_return"].append(  # -inf at the masked position
+    _c("valuelab.integrations.verl.compute_gae_advantage_return", "extreme", token_level_rewards=T((1, 3), F32, (1e38, 0.0, 0.0)),
+       values=T((1, 3), F32), response_mask=T((1, 3), F32, (1.0, 1.0, 0.0)), gamma=0.0, lam=0.0))
+REGRESSIONS["valuelab.integrations.verl.compute_gae_advantage_return"].append(  # the oracle's: verl's mean over n + 1e-8,
+    _c("valuelab.integrations.verl.compute_gae_advantage_return", "valid",  # amplified by whitening a spread of 1e-6
+       token_level_rewards=T((6,), "float64", (3.0,), layout="offset"),
+       values=T((6,), "bfloat16", (-2.4217135906219482,), layout="offset"),
+       response_mask=T((6,), "bool", (True,), layout="offset"), gamma=T((), F32, (1e-6,)), lam=T((), F32, (1e-6,))))
+REGRESSIONS["valuelab.losses.value_loss"].append(  # clamp(-1.8e308, 1.8e308) on float32: torch's RuntimeError
+    _c("valuelab.losses.value_loss", values=T((4,), F32, (0.0, 0.362, -0.0357, 0.0)), returns=T((4,), F32, (2.79, 0.0)),
+       mask=None, old_values=T((4,), F32, (1.627,)), clip_range=1.7976931348623157e308, aggregation="seq-mean-token-sum",
+       group=None, global_count=3.0))
+REGRESSIONS["valuelab.policy.count_good"] += [  # float32 arithmetic; a scale that rounds to 0 in float32: NaN, -inf
+    _c("valuelab.policy.count_good", count=np.float32(42.18258), length=O("numpy", (T((0,), "int64"),)),
+       scale=42.182580134228665),
+    _c("valuelab.policy.count_good", count=np.float32(23.495768), length=O("numpy", (T((3,), "int64", (20, 19, 2)),)),
+       scale=5e-324),
+    _c("valuelab.policy.count_good", count=np.float32(-1.6486105e16), length=O("numpy", (T((3,), "int64", (20, 19, 2)),)),
+       scale=5e-324)]
+REGRESSIONS["valuelab.ppo.train_many"] = [  # "'numpy.int8' object is not iterable"
+    _c("valuelab.ppo.train_many", jobs=np.int8(-110), seeds=[1], processes=1, device=None)]
+REGRESSIONS["valuelab.integrations.torchrl.to_torchrl"] = [  # values of another dtype: a dict TorchRL's GAE refuses
+    _c("valuelab.integrations.torchrl.to_torchrl", rewards=T((1, 2), F32), values=T((1, 2), "float16"),
+       mask=T((1, 2), "bool", (True,)), truncated=T((1,), "bool", (True,)), bootstrap=T((1,), F32, (-3.126837968826294,)))]
+REGRESSIONS["valuelab.rewards.kl_shaped_rewards"].append(  # a missing score read as a score of 0
+    _c("valuelab.rewards.kl_shaped_rewards", logprobs=T((1, 2), F32), ref_logprobs=T((1, 2), F32), score=None, mask=None,
+       beta=0.1, estimator="k1"))
+REGRESSIONS["valuelab.stats.equivalence"] = [  # OverflowError: int too large to convert to float
+    _c("valuelab.stats.equivalence", x=[0.1, 0.2, 0.3], margin=-(10**400), alpha=0.05)]
+REGRESSIONS["valuelab.transformer.final_scores"].append(  # a freed lengths reached expand: setStorage RuntimeError
+    _c("valuelab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=5, max_positions=5, d_model=3,
+                                                                   n_layers=2, n_heads=1, d_ff=1),)),
+       inputs=T((1, 2, 3), "int64", (4, 0, 4, 0, 4, 0)), lengths=T((2,), "int64", (2, 1), layout="freed")))
+REGRESSIONS["valuelab.returns.discounted_returns"] = [  # the oracle's: gamma**2 = 0 in the doubling, 1e-300 * 1e308
+    _c("valuelab.returns.discounted_returns", "valid", rewards=T((1, 3), "float64", (0.0, -3.0, 1e308), grad=True),
+       mask=None, gamma=1e-300, bootstrap=None)]
+REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # OverflowError from spawn
+    _c("valuelab.distributed.run_on_ranks", "hostile", 3, 2**63, fn=O("fn", ("fuzz_targets.rank_echo",)), world_size=2**64))
+REGRESSIONS["valuelab.integrations.trl.from_trl"].append(  # the KL term plus the moved score: +inf from finite rewards
+    _c("valuelab.integrations.trl.from_trl", "extreme", rewards=T((1, 3), "float64", (1.7976931348623157e308,)),
+       values=T((1, 3), "float64"), sequence_lengths=T((1,), "int64", (0,)), phantom=False))
+REGRESSIONS["valuelab.integrations.openrlhf.advantages_and_returns"] = [  # the oracle's: OpenRLHF's loop fails on T = 0
+    _c("valuelab.integrations.openrlhf.advantages_and_returns", "valid", values=T((2, 0), F32), rewards=T((2, 0), F32),
+       action_mask=None, gamma=T((), F32, (0.0869,)), lambd=np.float64(0.9))]
+REGRESSIONS["valuelab.losses.value_loss_stats"] = [  # the oracle's: EV of values 5e15 against returns spread by 3e4
+    _c("valuelab.losses.value_loss_stats", "valid", values=T((1, 9), "float64", (4870256350541507.0,)),
+       returns=T((1, 9), "float64", (0.0, 66000.0)), mask=None, old_values=T((1, 9), "float64"), clip_range=0.0,
+       aggregation="token-mean", group=None, global_count=None)]
+REGRESSIONS["valuelab.policy.sample_responses"].append(  # the oracle's: a Python loop over 2.7 million rows, past 10 s
+    _c("valuelab.policy.sample_responses", "valid", world=O("world", (dict(n_prompts=1, vocab_size=3, max_len=2, seed=2115),)),
+       probs=O("probs", (O("world", (dict(n_prompts=1, vocab_size=3, max_len=2, seed=2115),)), (1,), "ref", 0, "torch")),
+       samples_per_prompt=np.int64(2718095), generators=[4678725], evaluation=None, dtype=torch.float32))
+REGRESSIONS["valuelab.stats.equivalence"].append(  # -np.uint64(m) wraps around: every interval "outside" the margin
+    _c("valuelab.stats.equivalence", "valid", x=[1.0, 0.0], margin=np.uint64(2**64 - 1), alpha=0.25))
+REGRESSIONS["valuelab.transformer.explained_variance"].append(  # the oracle's: a spread np.var underflows to 0
+    _c("valuelab.transformer.explained_variance", "valid", prediction=T((6,), "float64", (0.0, -3.062437557798362e-279, 0.0)),
+       target=T((6,), "float64", (0.0, -3.062437557798362e-279, 0.0)), mask=T((6,), "bool", (True,)), dim=0))
+REGRESSIONS["valuelab.transformer.sequence_inputs"] = [  # an efficient zero tensor of rows reached an index op: SIGSEGV
+    _c("valuelab.transformer.sequence_inputs",
+       world=O("world", (dict(n_prompts=1, vocab_size=4, max_len=1, eos_range=(0.5030379680689595, 0.6899331786814951),
+                              seed=1886, max_count=2),)),
+       batch=O("batch", (dict(n_prompts=1, vocab_size=4, max_len=1, eos_range=(0.5030379680689595, 0.6899331786814951),
+                              seed=1886, max_count=2), 2, 1, 362)),
+       rows=T((1, 4), "int64", (1,), layout="zero"))]
+REGRESSIONS["valuelab.integrations._conventions.zero_holes"] = [  # None read as "no holes"
+    _c("valuelab.integrations._conventions.zero_holes", x=T((3,), "float16"), mask=None)]
+REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # an error inside a rank: ProcessRaisedException
+    _c("valuelab.distributed.run_on_ranks", "hostile", [2, 3], "token-mean",
+       fn=O("fn", ("valuelab.distributed.shard_statistics",)), world_size=2))
+REGRESSIONS["valuelab.distributed.demo_batch"] += [  # 137 GB asked of the allocator; a size no float holds
+    _c("valuelab.distributed.demo_batch", seed=0, rows=2**31, length=8),
+    _c("valuelab.distributed.demo_batch", seed=0, rows=10**400, length=8)]
+REGRESSIONS["valuelab.distributed.batch_statistics"] += [  # "x: its variance exceeds": masked_var's name, not this one's
+    _c("valuelab.distributed.batch_statistics", "extreme", values=T((1, 3), F32, (2.5, 1e-300, 2.5)),
+       returns=T((1, 3), F32, (-7.171162270402517e+16, -3.1073164121628964e+16, 3.4e+38)), old=T((1, 3), F32, (-2.7,)),
+       mask=T((1, 3), "bool", (True,)), group=None, clip_range=0.2),
+    # a tie in float32 between the clipped and unclipped squared errors: either branch's gradient is right
+    _c("valuelab.distributed.batch_statistics", "valid", values=T((1, 6), F32, (-3.921851634979248,)),
+       returns=T((1, 6), F32, (-2082734475649441.0, -3.921851634979248, -2082734475649441.0, -3.3943231105804443,
+                               -2082734475649441.0, -3.921851634979248)),
+       old=T((1, 6), F32, (-0.0, -3.921851634979248)), mask=T((1, 6), "bool", (True,)), group=None, clip_range=0.2)]

@@ -274,7 +274,7 @@ SEEDED = {
     "TinyCritic": (lambda s: critic.TinyCritic(3, 3, embed_dim=2, hidden_size=2, seed=s), "seed"),
     "world.sample": (lambda s: world.sample(world.make_world(3, 2), 2, s), "generator"),
     "sample_responses": (lambda s: policy.sample_responses(_tiny_prompt_world(), torch.as_tensor(
-        _tiny_prompt_world().reference_policy())[None], 2, [s]), "generator"),
+        _tiny_prompt_world().reference_policy())[None], 2, [s]), r"generators\[0\]"),
     "train_ppo": (lambda s: ppo.train_ppo(_tiny_prompt_world(), ppo.Arm("a"), [s], ppo.PPOConfig(
         iterations=1, samples_per_prompt=2, minibatches=1, epochs=1), device="cpu"), r"seeds\[0\]"),
     "train_many": (lambda s: ppo.train_many([(_tiny_prompt_world(), ppo.Arm("a"), ppo.PPOConfig(

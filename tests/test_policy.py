@@ -636,7 +636,7 @@ REFUSALS = [
     (lambda: sample_responses(_W, _PROBS * 0.5, 4, [0]), ValueError, _SUM),
     (lambda: sample_responses(_W, _PROBS, 4, [0, 1]), ValueError, _GENS),
     (lambda: sample_responses(_W, _PROBS, 4, 0), ValueError, _GENS),
-    (lambda: sample_responses(_W, _PROBS, 4, ["seed"]), TypeError, "generator must be an int seed or a torch.Generator, got str"),
+    (lambda: sample_responses(_W, _PROBS, 4, ["seed"]), TypeError, "generators[0] must be an int seed or a torch.Generator, got str"),
     (lambda: sample_responses(_W, _PROBS, 0, [0]), ValueError, "samples_per_prompt must be a positive int, got 0"),
     (lambda: sample_responses(_W, _PROBS, 4, [0], evaluation=tuple(_EV)), ValueError,
      "evaluation must be the PolicyEvaluation of probs (values of shape (1, 2, 5, 4, 7))"),

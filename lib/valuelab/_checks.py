@@ -32,6 +32,8 @@ __all__ = [
     "check_unit_interval",
     "check_bootstrap",
     "check_int",
+    "check_dim",
+    "renamed",
     "check_positive_int",
     "check_nonnegative_scalar",
     "real_number",
@@ -43,6 +45,8 @@ __all__ = [
     "check_flag",
     "check_index_range",
     "check_seed",
+    "check_memory",
+    "check_device",
     "SEED_MAX",
 ]
 
@@ -257,6 +261,18 @@ def unit_scalar(x: object, name: str, dtype: torch.dtype) -> Optional[float]:
     return v
 
 
+def within_dtype(x: float, dtype: torch.dtype) -> float:
+    """``x`` clamped to the finite range of ``dtype``: a bound for ``Tensor.clamp`` that the dtype can hold.
+
+    ``clamp(-c, c)`` with a user's ``c = 1e308`` on a float32 tensor is
+    torch's RuntimeError "value cannot be converted to type float without
+    overflow"; a bound beyond every float of the dtype bounds nothing, and
+    so does the dtype's largest float. Identity for every ``x`` in range.
+    """
+    top = torch.finfo(dtype).max
+    return min(max(x, -top), top)
+
+
 def check_bootstrap(bootstrap: object, like: torch.Tensor, name: str = "bootstrap") -> torch.Tensor:
     """The value after the last valid token: a tensor of shape ``like.shape[:-1]`` (default 0)."""
     batch_shape = like.shape[:-1]
@@ -264,6 +280,8 @@ def check_bootstrap(bootstrap: object, like: torch.Tensor, name: str = "bootstra
         return torch.zeros(batch_shape, dtype=like.dtype, device=like.device)
     if not isinstance(bootstrap, torch.Tensor):
         v = check_scalar(bootstrap, name, "a float or a tensor")
+        if math.isfinite(v) and abs(v) > torch.finfo(like.dtype).max:
+            raise ValueError(f"{name} must be finite in {like.dtype}: {v} is beyond its largest value, {torch.finfo(like.dtype).max:g}")
         b = torch.full(batch_shape, v, dtype=like.dtype, device=like.device)
     else:
         if not torch.is_floating_point(bootstrap):
@@ -284,6 +302,37 @@ def check_int(n: object, name: str) -> int:
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(n).__name__}")
     return int(n)
+
+
+def check_dim(dim: object, ndim: int, name: str = "dim", *, shape_of: str = "x") -> int:
+    """An axis of a tensor with ``ndim`` dimensions (a 0-d tensor has one axis, as torch's reductions take), as an ``int`` in ``[0, ndim)``.
+
+    TypeError naming ``name`` for a non-int (bool included); ValueError
+    naming it for an axis out of range, instead of torch's IndexError.
+    """
+    d = check_int(dim, name)
+    rank = max(ndim, 1)
+    if not -rank <= d < rank:
+        raise ValueError(f"{name} must lie in [{-rank}, {rank - 1}] for {shape_of} with {ndim} dimensions, got {_short_int(d)}")
+    return d % rank
+
+
+def renamed(call: Callable[[], object], inner: str, outer: str):
+    """``call()``; a TypeError or ValueError whose message starts with the callee's argument name ``inner`` is re-raised
+    naming ``outer``, the caller's argument that was passed as ``inner``.
+
+    For a public function that hands its argument to another public
+    function under another name (``decoupled_gae``'s ``lam_critic`` is
+    ``gae``'s ``lam``; ``batch_statistics``' ``returns`` is
+    ``masked_var``'s ``x``): the caller reads the name it wrote.
+    """
+    try:
+        return call()
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if msg.startswith((inner + " ", inner + ":", inner + "[")):
+            raise type(e)(outer + msg[len(inner):]) from None
+        raise
 
 
 def check_positive_int(n: object, name: str) -> int:
@@ -531,6 +580,86 @@ def check_count(count: object, name: str, *, at_least: float, what: str) -> floa
     if c < at_least:
         raise ValueError(f"{name} must be at least {what} ({at_least:g}): a total over the ranks cannot be below one rank's share, got {count}")
     return c
+
+
+def check_device(device: object, name: str = "device") -> torch.device:
+    """``device`` (a string or a ``torch.device``) as a ``torch.device`` this machine has: the CPU, or a CUDA device that exists.
+
+    TypeError naming ``name`` for anything else (an int, a bool, a numpy
+    scalar: ``torch.device(99)`` would mean ``cuda:99``); ValueError naming
+    it for a string that is not a device, a device type other than cpu and
+    cuda, or a CUDA device this machine does not have -- instead of
+    PyTorch's "Cannot access accelerator device" deep inside the call.
+    """
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"{name} must be a string or a torch.device ('cpu', 'cuda', 'cuda:0'), got {type(device).__name__}")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{name} must name a device ('cpu', 'cuda', 'cuda:0'), got {device!r:.40}") from None
+    if d.type == "cpu":
+        return d
+    if d.type != "cuda":
+        raise ValueError(f"{name} must be a cpu or cuda device, got {d}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{name} is {d}, but this machine has no CUDA device")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"{name} is {d}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return d
+
+
+def memory_total(device: Union[str, torch.device] = "cpu") -> int:
+    """Bytes of memory this process can have on ``device`` in all: a GPU's total memory; on the host, its physical memory,
+    or less where an address-space limit (``ulimit -v``, ``RLIMIT_AS``) leaves this process less room (``2**40`` if unknown).
+
+    The machine's size, not what happens to be free now: a size check
+    against it gives the same verdict whatever else the machine is doing.
+    """
+    import os
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "meta":
+        return 2**62
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        total = 2**40
+    try:
+        import resource
+
+        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if cap != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            total = min(total, max(cap - used, 0))
+    except (ImportError, OSError, ValueError):
+        pass
+    return total
+
+
+def check_memory(nbytes: int, name: str, device: Union[str, torch.device] = "cpu") -> None:
+    """Refuse, before allocating, a call whose tensors need more than half the memory ``device`` has in all (the size check).
+
+    Half: the call's own temporaries (a copy made while another is read)
+    and any use of its result need room too; a result that fills the
+    machine is an out-of-memory error one line later.
+
+    ``nbytes``: what the call will allocate, computed from its integer
+    arguments (exact Python ints, so ``2**63`` rows cannot wrap around).
+    A size argument such as ``rows=2**31`` is then a ValueError naming
+    ``name`` -- the argument that sets the size -- instead of PyTorch's
+    allocator error, numpy's "array is too big", or a machine that swaps
+    until it stops answering.
+    """
+    have = memory_total(device)
+    if nbytes > have // 2:  # the call's own temporaries and any use of its result need the other half
+        need = f"{nbytes / 2**30:.3g} GiB" if nbytes.bit_length() < 1000 else f"about 2**{nbytes.bit_length() - 1} bytes"
+        raise ValueError(
+            f"{name}: the call needs {need} on {torch.device(device)}, "
+            f"more than half of the {have / 2**30:.3g} GiB this process can have there"
+        )
 
 
 _SWITCH_ON = ("1", "true", "yes", "on")

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ._checks import check_nonnegative_scalar, dense
+from ._checks import check_nonnegative_scalar, dense, renamed
 from ._fastscan import fast_backward_scan, time_invariant_decay
 from ._problem import Problem, check_outputs, solve, validate
 from ._scan import compact, shift_next
@@ -129,7 +129,8 @@ def decoupled_gae(
     arguments as there.
     """
     kw = dict(mask=mask, gamma=gamma, bootstrap=bootstrap)
-    return DecoupledGAE(gae(rewards, values, lam=lam_actor, **kw).advantages, gae(rewards, values, lam=lam_critic, **kw).returns)
+    return DecoupledGAE(renamed(lambda: gae(rewards, values, lam=lam_actor, **kw), "lam", "lam_actor").advantages,
+                        renamed(lambda: gae(rewards, values, lam=lam_critic, **kw), "lam", "lam_critic").returns)
 
 
 def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:

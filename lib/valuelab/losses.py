@@ -13,6 +13,8 @@ import torch
 from ._checks import (
     canonical_mask,
     check_count,
+    check_dim,
+    check_flag,
     check_like,
     check_mask,
     check_nonnegative_scalar,
@@ -21,6 +23,7 @@ from ._checks import (
     require_finite,
     require_finite_result,
     scale_of,
+    within_dtype,
 )
 from ._dist import all_sum, check_group, global_sums
 from ._scan import as_batch
@@ -28,6 +31,13 @@ from ._scan import as_batch
 __all__ = ["masked_mean", "masked_var", "masked_whiten", "value_loss", "value_loss_stats", "ValueLossStats", "aggregate", "AGGREGATIONS"]
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def check_aggregation(aggregation: object) -> str:
+    """``aggregation`` if it names one of :data:`AGGREGATIONS`; ValueError naming it otherwise (a list, None, a typo)."""
+    if not isinstance(aggregation, str) or aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r:.80}")
+    return aggregation
 
 
 def _mask_for(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -112,6 +122,8 @@ def masked_mean(
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
+    if dim is not None:
+        dim = check_dim(dim, x.dim(), shape_of=f"x of shape {tuple(x.shape)}")
     if check_group(group) is not None:
         if dim is not None:
             raise ValueError("dim must be None with group (the mean over the whole distributed batch)")
@@ -205,6 +217,7 @@ def masked_whiten(
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
+    shift_mean = check_flag(shift_mean, "shift_mean")
     eps = check_nonnegative_scalar(eps, "eps")
     if not isinstance(unbiased, bool):
         raise TypeError(f"unbiased must be a bool, got {type(unbiased).__name__}")
@@ -215,15 +228,33 @@ def masked_whiten(
         if not shift_mean:
             out = out + mean
         return (out * mw).to(x.dtype)
+    out, mean = _whiten_everywhere(x, m, eps, unbiased, "mask")
+    mw = _wide(m)
+    if not shift_mean:
+        out = out + mean
+    return (_valid(out, mw) * mw).to(x.dtype)
+
+
+def _whiten_everywhere(x: torch.Tensor, m: torch.Tensor, eps: float, unbiased: bool, mask_name: str):
+    r"""``((x - mu) / sqrt(sigma^2 + eps), mu)`` at *every* position, in float64, with :math:`\mu, \sigma^2` of the valid entries.
+
+    Taken on the scale :math:`s` of the largest valid :math:`|x|`
+    (:func:`_scale`), so no finite input overflows on the way; where
+    :math:`\sigma^2 + \epsilon = 0` (every valid entry the same, ``eps`` 0)
+    the result is the centred values, never NaN. A masked entry so far from
+    the valid ones that its whitened value overflows float64 is a
+    ValueError naming ``x``. Raises ValueError naming ``mask_name`` when too
+    few entries are valid.
+    """
     count = m.sum()
     if unbiased and count < 2:
-        raise ValueError("mask must select at least two entries to whiten (unbiased variance)")
+        raise ValueError(f"{mask_name} must select at least two entries to whiten (unbiased variance)")
     if not unbiased and count < 1:
-        raise ValueError("mask must select at least 1 entries for the biased variance")
+        raise ValueError(f"{mask_name} must select at least 1 entries for the biased variance")
     xw, mw = _wide(x), _wide(m)
     s = _scale(xw, mw, None)
-    xs = _valid(xw / s, mw)
-    mean = xs.sum() / count
+    xs = xw / s
+    mean = _valid(xs, mw).sum() / count
     centred = _valid(xs - mean, mw)
     if unbiased:
         var = (centred * centred).sum() / (count - 1)
@@ -231,10 +262,8 @@ def masked_whiten(
         var = (centred * centred).sum() / count
     var = var + (math.sqrt(eps) / s) ** 2  # (sigma^2 + eps) / s^2
     var = torch.where(var > 0, var, torch.ones((), dtype=var.dtype, device=var.device))  # 0 only when centred is
-    out = centred * torch.rsqrt(var)
-    if not shift_mean:
-        out = out + mean * s
-    return (out * mw).to(x.dtype)
+    out = (xs - mean) * torch.rsqrt(var)
+    return out, mean * s
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "token-mean") -> torch.Tensor:
@@ -244,11 +273,23 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "t
     weighs the same); ``"seq-mean-token-mean"``: the mean over each sequence's
     valid tokens, then over the non-empty sequences; ``"seq-mean-token-sum"``:
     the sum over each sequence, then the mean over the non-empty sequences.
-    ``mask`` is a float 0/1 tensor of ``per_token``'s shape. Used by
-    :func:`valuelab.value_loss` and :func:`valuelab.ppo.policy_loss`.
+    ``mask`` is a bool or real 0/1 tensor of ``per_token``'s shape (never
+    broadcast; None: every token). Masked entries may hold anything, NaN
+    included; valid ones must be finite, and a result that overflows the
+    dtype (a sum of ``[1e308, 1e308]``) is a ValueError naming ``per_token``.
+    :func:`valuelab.value_loss` and :func:`valuelab.ppo.policy_loss` use
+    the same reduction on inputs they have checked.
     """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_aggregation(aggregation)
+    x = check_sequence_tensor(per_token, "per_token", finite=False)
+    m = _mask_for(x, mask)
+    require_finite(_valid(x, m), "per_token")
+    out = _aggregate(x, m, aggregation)
+    return require_finite_result(out, "per_token", f"its aggregate overflows {x.dtype}: rescale per_token")
+
+
+def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """:func:`aggregate` on checked inputs: ``mask`` a 0/1 tensor of ``per_token``'s dtype and shape."""
     x, m = as_batch(per_token), as_batch(mask)
     x = _valid(x, m)  # a masked entry (inf: inf * 0 = NaN) never reaches the sum, nor its gradient
     if aggregation == "token-mean":
@@ -304,18 +345,18 @@ def value_loss(
     returns = check_like(returns, "returns", values, "values").detach()
     m = _mask_for(values, mask)
     old_values = optional_like(old_values, "old_values", values, "values")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_aggregation(aggregation)
     sq = (values - returns) ** 2
     if clip_range is not None:
         c = check_nonnegative_scalar(clip_range, "clip_range")
         if old_values is None:
             raise ValueError("clip_range needs old_values (the critic's values when the targets were built)")
         old = old_values.detach()
+        c = within_dtype(c, values.dtype)  # a clip range past the dtype's largest float clips nothing
         clipped = old + (values - old).clamp(-c, c)
         sq = torch.maximum(sq, (clipped - returns) ** 2)
     if group is None and global_count is None:
-        loss = 0.5 * aggregate(sq, m, aggregation)
+        loss = 0.5 * _aggregate(sq, m, aggregation)
     else:
         loss = 0.5 * _shard_term(sq, m, aggregation, check_group(group), global_count)
     try:

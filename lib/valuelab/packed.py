@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._checks import check_flag, check_index_range, check_sequence_tensor, dense
+from ._checks import check_flag, check_index_range, check_int, check_sequence_tensor, dense
 from .advantages import GAEResult, gae
 from .returns import discounted_returns
 
@@ -52,6 +52,9 @@ def packing(cu_seqlens: torch.Tensor, n_tokens: int) -> Packing:
     """
     if not isinstance(cu_seqlens, torch.Tensor):
         raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    n_tokens = check_int(n_tokens, "n_tokens")  # not a bool: True is not one token
+    if n_tokens < 0:
+        raise ValueError(f"n_tokens must be non-negative, got {n_tokens}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"cu_seqlens must be an int32 or int64 tensor, got {cu_seqlens.dtype}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:

@@ -25,13 +25,15 @@ policy, for many independent runs at once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from ._checks import check_nonnegative_scalar, check_positive_int, check_seed, dense
+from ._checks import (check_memory, check_nonnegative_scalar, check_positive_int, check_scalar, check_seed, dense, require_finite,
+                      require_finite_result)
 from .advantages import td_errors
 from .rewards import kl_shaped_rewards
 from .world import EOS, GOOD, Rollout, ScoreFn, _check_unit, _generator, _score_table, fraction_good
@@ -56,8 +58,36 @@ def count_good(count: np.ndarray, length: np.ndarray, scale: float = 8.0) -> np.
     Unlike :func:`valuelab.world.fraction_good` it rewards length: a response
     needs ``scale`` GOOD tokens for the full score, as a long reasoning chain
     needs its steps.
+
+    ``count``: a number, a numpy array or a tensor of real numbers; the
+    result is float64, of the same kind (a tensor for a tensor), computed in
+    float64 whatever ``count``'s dtype (a float32 ``scale`` of 1e-300 would
+    round to 0). ``length`` is not read. ``scale``: a finite real number
+    above 0 (``scale = 0`` would divide by zero). TypeError or ValueError
+    naming the argument otherwise, and a ValueError naming ``scale`` when
+    ``count / scale`` overflows float64.
     """
-    return np.minimum(count, scale) / scale
+    s = check_scalar(scale, "scale")
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be a finite number above 0, got {s}")
+    why = "count / scale overflows float64: scale is too small for these counts"
+    if isinstance(count, torch.Tensor):
+        if count.dtype == torch.bool or count.is_complex():
+            raise TypeError(f"count must hold real numbers, got {count.dtype}")
+        c = dense(count, "count").to(torch.float64)
+        require_finite(c, "count")
+        return require_finite_result(torch.clamp(c, max=s) / s, "scale", why)
+    c = np.asarray(count)
+    if c.dtype.kind not in "iuf":
+        raise TypeError(f"count must hold real numbers, got {c.dtype}")
+    c = c.astype(np.float64)
+    if not np.isfinite(c).all():
+        raise ValueError("count must be finite: it contains NaN or inf")
+    with np.errstate(over="ignore"):
+        out = np.minimum(c, s) / s
+    if not np.isfinite(out).all():
+        raise ValueError(f"scale: {why}")
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,6 +201,8 @@ def make_prompt_world(
     gamma = _check_unit(gamma, "gamma")
     logit_scale = check_nonnegative_scalar(logit_scale, "logit_scale")
     seed = check_seed(seed)
+    check_memory(8 * 8 * n_prompts * (vocab_size + 1) * vocab_size, "vocab_size" if vocab_size >= n_prompts else "n_prompts")
+    check_memory(8 * 8 * (max_len + 1) * (max_len + 2), "max_len")
     if score_fn is None:
         score_fn = count_good
     elif not callable(score_fn):
@@ -469,9 +501,10 @@ def sample_responses(
         raise ValueError("probs must sum to 1 over its last axis (the next token)")
     G = check_positive_int(samples_per_prompt, "samples_per_prompt")
     R = probs.shape[0]
+    check_memory(R * world.n_prompts * G * world.max_len * 128, "samples_per_prompt", probs.device)  # (B, T) tensors
     if not isinstance(generators, (list, tuple)) or len(generators) != R:
         raise ValueError(f"generators must be a list of {R} generators or seeds, one per run")
-    gens = [_generator(g) for g in generators]
+    gens = [_generator(g, f"generators[{i}]") for i, g in enumerate(generators)]
     if evaluation is not None and (
         not isinstance(evaluation, PolicyEvaluation) or evaluation.values.shape != (R,) + world.state_shape
     ):

@@ -25,10 +25,10 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._checks import (check_flag, check_index_range, check_like, check_mask, check_nonnegative_scalar, check_positive_int,
-                      check_seed, check_sequence_tensor, require_finite_result, scale_of)
+from ._checks import (check_device, check_flag, check_index_range, check_like, check_mask, check_nonnegative_scalar, check_positive_int,
+                      check_seed, check_sequence_tensor, require_finite_result, scale_of, within_dtype)
 from .advantages import decoupled_gae, length_adaptive_lam
-from .losses import aggregate, masked_mean, masked_whiten, value_loss
+from .losses import _aggregate, check_aggregation, masked_mean, masked_whiten, value_loss
 from .policy import PromptBatch, PromptWorld, evaluate_policy, reward_model_start, sample_responses, soft_optimal
 from .returns import discounted_returns
 from .runtime import pick_device
@@ -92,6 +92,7 @@ def policy_loss(
     m = check_mask(mask, logprobs)
     m = torch.ones_like(logprobs) if m is None else m.to(logprobs.dtype)
     eps = check_nonnegative_scalar(clip_range, "clip_range")
+    check_aggregation(aggregation)
     valid = m != 0
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     log_ratio = torch.where(valid, logprobs - old_logprobs, zero)
@@ -102,11 +103,12 @@ def policy_loss(
             f"logprobs: the ratio exp(logprobs - old_logprobs) overflows {logprobs.dtype} at a valid token with a "
             "negative advantage, and the loss with it: the policy has moved too far from old_logprobs"
         )
-    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+    lo, hi = within_dtype(1 - eps, ratio.dtype), within_dtype(1 + eps, ratio.dtype)  # eps = 1e308: no clip, no error
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(lo, hi) * advantages)
     clipped = ((ratio - 1).abs() > eps).to(logprobs.dtype)
     with torch.no_grad():
         fraction = (clipped * m).sum() / m.sum().clamp(min=1)
-    loss = require_finite_result(-aggregate(surrogate, m, aggregation), "advantages",
+    loss = require_finite_result(-_aggregate(surrogate, m, aggregation), "advantages",
                                  f"the loss overflows {logprobs.dtype}: the advantages times the ratios exceed the largest float")
     return PolicyLoss(loss, fraction)
 
@@ -140,9 +142,42 @@ def group_advantages(returns: torch.Tensor, group: torch.Tensor, *, normalise: b
     mean = torch.zeros_like(n).index_add_(0, label, returns) / n
     centred = returns - mean[label]
     if not normalise:
-        return centred
+        if bool(torch.isfinite(centred).all()):
+            return centred
+        return _group_advantages_scaled(returns, label, n, normalise, eps)
     var = torch.zeros_like(n).index_add_(0, label, centred * centred) / (n - 1).clamp(min=1)
-    return centred / (var.sqrt()[label] + eps)
+    sd = var.sqrt() + eps
+    if bool(torch.isfinite(sd).all()) and bool((sd > 0).all()):
+        return centred / sd[label]
+    return _group_advantages_scaled(returns, label, n, normalise, eps)  # an overflow, or 0/0: take the safe path
+
+
+def _group_advantages_scaled(returns: torch.Tensor, label: torch.Tensor, n: torch.Tensor, normalise: bool, eps: float) -> torch.Tensor:
+    """:func:`group_advantages` in float64 on each group's own power-of-two scale (:func:`valuelab._checks.scale_of`).
+
+    The path taken only where the direct formula fails: a sum or a square
+    that overflows the dtype (float32 ``[65504, -1.4, -1e20]`` would
+    whiten to zeros), or a group whose values are all equal with ``eps =
+    0`` (0/0): its advantages are then the centred values, 0, never NaN.
+    A result beyond the dtype's range is a ValueError naming ``returns``.
+    """
+    x = returns.double()
+    k = n.numel()
+    zero = torch.zeros(k, dtype=torch.float64, device=x.device)
+    top = zero.clone().scatter_reduce_(0, label, x.abs(), reduce="amax", include_self=True)
+    _, e = torch.frexp(top)
+    s = torch.where(top > 0, torch.ldexp(torch.ones_like(top), e - 1), torch.ones_like(top))
+    xs = x / s[label]  # every |xs| < 2
+    nn = n.double()
+    c = xs - (zero.clone().index_add_(0, label, xs) / nn)[label]
+    if not normalise:
+        out = c * s[label]
+    else:
+        var = zero.clone().index_add_(0, label, c * c) / (nn - 1).clamp(min=1)
+        d = (var.sqrt() + eps / s)[label]
+        out = torch.where(d > 0, c / torch.where(d > 0, d, torch.ones_like(d)), c)
+    return require_finite_result(out.to(returns.dtype), "returns",
+                                 f"its group advantages overflow {returns.dtype}: rescale the returns")
 
 
 class AdvantageFit(NamedTuple):
@@ -154,6 +189,10 @@ class AdvantageFit(NamedTuple):
     """Intercept :math:`b`."""
     noise: float
     """Standard deviation of the residual."""
+
+
+class _FitUndefined(ValueError):
+    """:func:`advantage_fit` has no answer for these inputs (too few tokens, no spread): a ValueError, read as NaN by :func:`train_ppo`."""
 
 
 def advantage_fit(estimate: torch.Tensor, exact: torch.Tensor, mask: torch.Tensor, t_max: int) -> AdvantageFit:
@@ -175,14 +214,14 @@ def advantage_fit(estimate: torch.Tensor, exact: torch.Tensor, mask: torch.Tenso
     a = estimate[..., :t_max][sel].double()
     A = exact[..., :t_max][sel].double()
     if a.numel() < 2:
-        raise ValueError("mask must select at least two tokens before t_max")
+        raise _FitUndefined("mask must select at least two tokens before t_max")
     # on power-of-two scales (exact): no sum or square overflows, nor does a spread of 1e-300 square to 0
     ea, eA = (math.frexp(float(scale_of(x)))[1] - 1 for x in (a, A))
     a, A = torch.ldexp(a, torch.tensor(-ea, device=a.device)), torch.ldexp(A, torch.tensor(-eA, device=A.device))
     dA = A - A.mean()
     ss = float((dA * dA).sum())
     if ss == 0:
-        raise ValueError("exact: the exact advantages have no spread over the selected tokens")
+        raise _FitUndefined("exact: the exact advantages have no spread over the selected tokens")
     kappa = float((dA * (a - a.mean())).sum()) / ss  # on the scales: times 2**(ea - eA) below
     offset = float(a.mean()) - kappa * float(A.mean())  # times 2**ea below
     noise = float((a - offset - kappa * A).std())  # times 2**ea below
@@ -300,9 +339,10 @@ class PPOHistory:
     kl: np.ndarray
     """(R, I + 1): exact sequence KL of :math:`\\pi_k` to the reference."""
     kappa: np.ndarray
-    """(R, I): :math:`\\kappa` of the actor's advantage (before whitening) on tokens t < ``early``."""
+    """(R, I): :math:`\\kappa` of the actor's advantage (before whitening) on tokens t < ``early``; NaN where it is
+    not defined (fewer than two such tokens, or exact advantages with no spread there: a tiny world)."""
     noise: np.ndarray
-    """(R, I): the residual standard deviation of the same fit (the noise in :math:`\\hat A_t` at tokens t < ``early``)."""
+    """(R, I): the residual standard deviation of the same fit (the noise in :math:`\\hat A_t` at tokens t < ``early``); NaN where kappa is."""
     critic_rmse: np.ndarray
     """(R, I): RMS error of the critic against :math:`V^{\\pi_k}` over the batch's tokens (NaN for the group arm)."""
     early_bias: np.ndarray
@@ -366,9 +406,7 @@ def train_ppo(
     seeds = [check_seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     if (world.n_prompts * config.samples_per_prompt) % config.minibatches:
         raise ValueError("minibatches must divide n_prompts * samples_per_prompt (equal minibatches per run)")
-    if device is None:
-        device = pick_device()
-    device = torch.device(device)
+    device = pick_device() if device is None else check_device(device)
 
     R, S, V = len(seeds), world.n_states, world.vocab_size
     gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -485,7 +523,10 @@ def train_ppo(
             adv = torch.cat([masked_whiten(adv[_run_rows(batch, r)], ro.mask[_run_rows(batch, r)]) for r in range(R)])
         for r in range(R):  # raw: before any normalisation (the group arm's centred return), on the exact scale
             rows = _run_rows(batch, r)
-            kappa[r, k], _, noise[r, k] = advantage_fit(raw[rows], ro.advantages_exact[rows], ro.mask[rows], config.early)
+            try:
+                kappa[r, k], _, noise[r, k] = advantage_fit(raw[rows], ro.advantages_exact[rows], ro.mask[rows], config.early)
+            except _FitUndefined:  # a world too small to measure kappa at this iteration: NaN, "not defined"
+                pass
         clipfrac[:, k] = fit(batch, adv, targets, v_old, config.value_clip)
     return PPOHistory(
         arm=arm,
@@ -539,9 +580,11 @@ def train_many(
     here. Returns the histories in the order of ``jobs``.
     """
     check_positive_int(processes, "processes")
+    if not isinstance(jobs, (list, tuple)):
+        raise TypeError(f"jobs must be a list of (PromptWorld, Arm, PPOConfig[, seeds]) tuples, got {type(jobs).__name__}")
     jobs = list(jobs)
     default = None if seeds is None else _check_seeds(seeds, "seeds")
-    device = torch.device(pick_device() if device is None else device)
+    device = pick_device() if device is None else check_device(device)
     work = []
     for i, job in enumerate(jobs):
         if not (isinstance(job, tuple) and len(job) in (3, 4) and isinstance(job[0], PromptWorld)

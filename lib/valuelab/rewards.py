@@ -105,6 +105,8 @@ def kl_shaped_rewards(
     per_token = kl_penalty(logprobs, ref_logprobs, estimator)
     beta = check_nonnegative_scalar(beta, "beta")
     m = canonical_mask(check_mask(mask, logprobs))
+    if score is None:  # check_bootstrap reads None as "no value after the end", 0; a missing score is not a score of 0
+        raise TypeError("score must be a float or a tensor of shape logprobs.shape[:-1], got None")
     s = check_bootstrap(score, logprobs, "score")
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     rewards = torch.where(m, -beta * per_token, zero)

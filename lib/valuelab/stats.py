@@ -24,6 +24,7 @@ against ``scipy.stats.t.ppf``.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence, Tuple, Union
@@ -31,7 +32,7 @@ from typing import Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._checks import dense
+from ._checks import dense, real_number
 
 __all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "equivalence", "Equivalence", "pm"]
 
@@ -118,7 +119,6 @@ def _t_tail(q: float, df: float, log_c: float) -> float:
     return _simpson(lambda s: np.exp(a + s - 0.5 * (df + 1) * np.log1p(u * np.exp(2 * s))), 0.0, s_max)
 
 
-@lru_cache(maxsize=256)
 def t_quantile(p: float, df: int) -> float:
     """The ``p``-quantile of Student's t with ``df`` degrees of freedom, for ``0.5 <= p < 1`` (used by :func:`valuelab.mean_ci`).
 
@@ -134,10 +134,16 @@ def t_quantile(p: float, df: int) -> float:
     to double precision). Accurate to about 1e-11 relative against
     ``scipy.stats.t.isf(1 - p, df)``.
     """
-    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
-        raise ValueError(f"df must be an integer >= 1, got {df!r}")
-    if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.5 <= p < 1):
-        raise ValueError(f"p must be in [0.5, 1), got {p!r}")
+    if isinstance(df, (bool, np.bool_)) or not isinstance(df, numbers.Integral) or df < 1:
+        raise ValueError(f"df must be an integer >= 1, got {df!r:.80}")
+    if isinstance(p, (bool, np.bool_)) or not (isinstance(p, (numbers.Integral, float, np.floating)) and 0.5 <= p < 1):
+        raise ValueError(f"p must be in [0.5, 1), got {p!r:.80}")
+    return _t_quantile(float(p), int(df))  # checked first: the cache keys on exact floats and ints only
+
+
+@lru_cache(maxsize=256)
+def _t_quantile(p: float, df: int) -> float:
+    """:func:`t_quantile` of a checked ``p`` (a float) and ``df`` (an int)."""
     if p == 0.5:
         return 0.0
     dff = float(min(df, _DF_NORMAL))
@@ -171,11 +177,19 @@ def _as_sample(x: object, name: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         if x.is_complex():
             raise TypeError(f"{name} must hold real numbers, got {x.dtype}")
-        x = dense(x, name).detach().cpu().double().numpy()
+        x = dense(x, name).detach().resolve_conj().resolve_neg().cpu().double().numpy()
+    not_numbers = TypeError(f"{name} must be a 1-D sequence of real numbers, got {type(x).__name__:.40}")
+    if isinstance(x, (str, bytes)):
+        raise not_numbers
     try:
-        a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D sequence of numbers, got {type(x).__name__}") from exc
+        raw = np.asarray(x)
+        # "0.5" is not 0.5 (numpy would parse it), and a complex number is not real (numpy would drop its imaginary part)
+        if raw.dtype.kind in "USVcmM" or (raw.dtype.kind == "O" and any(
+                isinstance(v, (str, bytes, complex, np.complexfloating)) for v in raw.ravel().tolist())):
+            raise not_numbers
+        a = raw.astype(np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise not_numbers from exc
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one number per seed), got shape {a.shape}")
     if a.size < 2:
@@ -269,8 +283,10 @@ def equivalence(x: ArrayLike, margin: float, alpha: float = 0.05) -> Equivalence
     make it easier to show equivalence, never harder. ``margin`` must be fixed
     before the run.
     """
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
-        raise ValueError(f"margin must be a positive finite number, got {margin!r}")
+    if (isinstance(margin, (bool, np.bool_)) or not isinstance(margin, (numbers.Integral, float, np.floating))
+            or not math.isfinite(real_number(margin, "margin")) or margin <= 0):
+        raise ValueError(f"margin must be a positive finite number, got {margin!r:.80}")
+    margin = float(margin)  # -np.uint64(m) wraps around to 2**64 - m: compare as a float
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
         raise ValueError(f"alpha must be a number in (0, 0.5), got {alpha!r}")
     if 1 - 2 * alpha >= 1 or 0.5 + (1 - 2 * alpha) / 2 >= 1:
@@ -286,6 +302,7 @@ def pm(ci: Interval, decimals: int = 2) -> str:
     """
     if not isinstance(ci, Interval):
         raise TypeError(f"ci must be an Interval (from mean_ci or paired_ci), got {type(ci).__name__}")
-    if isinstance(decimals, bool) or not isinstance(decimals, int) or decimals < 0:
-        raise ValueError(f"decimals must be an integer >= 0, got {decimals!r}")
+    if isinstance(decimals, (bool, np.bool_)) or not isinstance(decimals, numbers.Integral) or not 0 <= decimals <= 100:
+        raise ValueError(f"decimals must be an integer in [0, 100], got {decimals!r:.80}")
+    decimals = int(decimals)
     return f"{round(ci.mean, decimals) + 0.0:.{decimals}f} ± {ci.half:.{decimals}f}"

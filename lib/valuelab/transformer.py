@@ -45,7 +45,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_index_range, check_int, check_positive_int, check_seed, dense, require_finite, require_finite_result
+from ._checks import check_dim, check_index_range, check_int, check_memory, check_positive_int, check_seed, dense, require_finite, require_finite_result
 from .losses import _explained_variance
 from .policy import PromptBatch, PromptWorld
 
@@ -105,6 +105,11 @@ class TinyTransformer(nn.Module):
             raise ValueError(f"n_heads must divide d_model, got d_model={d_model}, n_heads={n_heads}")
         seed = check_seed(seed, none_ok=True)
         R, D, F, Lyr = self.n_models, self.d_model, self.d_ff, self.n_layers
+        sizes = {"n_models": R, "n_tokens": self.n_tokens, "max_positions": self.max_positions, "d_model": D,
+                 "n_layers": Lyr, "d_ff": F}
+        per_layer = 4 * D + 4 * D * D + 4 * D + 2 * D + 2 * D * F + F + D
+        n_params = R * ((self.n_tokens + self.max_positions) * D + Lyr * per_layer + 3 * D + 1)
+        check_memory(4 * n_params, max(sizes, key=sizes.get))  # float32 weights; names the largest size
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
 
         def normal(*shape: int) -> nn.Parameter:
@@ -132,21 +137,30 @@ class TinyTransformer(nn.Module):
         x = torch.nn.functional.layer_norm(x, x.shape[-1:])
         return x * w[:, None, None, :] + b[:, None, None, :]
 
+    def check_inputs(self, inputs: object) -> torch.Tensor:
+        """``inputs`` if it is a long ``(n_models, B, S)`` tensor of ids in ``[0, n_tokens)`` with ``S <= max_positions``.
+
+        Dense with data behind it (:func:`valuelab._checks.dense`: an
+        efficient zero tensor comes back materialised, a meta one is
+        refused); TypeError or ValueError naming ``inputs`` otherwise.
+        """
+        if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.long:
+            raise TypeError("inputs must be a long tensor of token ids")
+        if inputs.dim() != 3 or inputs.shape[0] != self.n_models:
+            raise ValueError(f"inputs must have shape (n_models={self.n_models}, B, S), got {tuple(inputs.shape)}")
+        if inputs.shape[2] > self.max_positions:
+            raise ValueError(f"inputs: {inputs.shape[2]} positions, more than max_positions = {self.max_positions}")
+        return check_index_range(inputs, "inputs", 0, self.n_tokens - 1, dtypes=(torch.long,),
+                                 message=f"inputs must hold ids in [0, {self.n_tokens})")
+
     def hidden(self, inputs: torch.Tensor) -> torch.Tensor:
         """The last hidden states :math:`h_j`, shape ``(R, B, S, d_model)``, of ``inputs`` ``(R, B, S)`` long.
 
         Position j attends to positions 0..j only, so :math:`h_j` depends on
         :math:`x_0..x_j` alone (whatever follows, padding included).
         """
-        if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.long:
-            raise TypeError("inputs must be a long tensor of token ids")
-        if inputs.dim() != 3 or inputs.shape[0] != self.n_models:
-            raise ValueError(f"inputs must have shape (n_models={self.n_models}, B, S), got {tuple(inputs.shape)}")
+        inputs = self.check_inputs(inputs)
         R, B, S = inputs.shape
-        if S > self.max_positions:
-            raise ValueError(f"inputs: {S} positions, more than max_positions = {self.max_positions}")
-        check_index_range(inputs, "inputs", 0, self.n_tokens - 1, dtypes=(torch.long,),
-                          message=f"inputs must hold ids in [0, {self.n_tokens})")
         H, D = self.n_heads, self.d_model
         dh = D // H
         idx = torch.arange(R, device=inputs.device)[:, None, None]
@@ -187,8 +201,8 @@ def sequence_inputs(world: PromptWorld, batch: PromptBatch, rows: Optional[torch
         return seq[None]
     if not isinstance(rows, torch.Tensor) or rows.dtype != torch.long or rows.dim() != 2:
         raise TypeError("rows must be an (R, B) long tensor of batch rows")
-    check_index_range(rows, "rows", 0, seq.shape[0] - 1, dtypes=(torch.long,),
-                      message=f"rows must index the batch's {seq.shape[0]} rows")
+    rows = check_index_range(rows, "rows", 0, seq.shape[0] - 1, dtypes=(torch.long,),  # the checked tensor is the one read
+                             message=f"rows must index the batch's {seq.shape[0]} rows")
     return seq[rows]
 
 
@@ -202,7 +216,7 @@ def state_values(model: TinyTransformer, inputs: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(model, TinyTransformer):
         raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
-    return model(inputs)[..., :-1]
+    return model(model.check_inputs(inputs))[..., :-1]
 
 
 def final_scores(model: TinyTransformer, inputs: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -214,14 +228,16 @@ def final_scores(model: TinyTransformer, inputs: torch.Tensor, lengths: torch.Te
     """
     if not isinstance(model, TinyTransformer):
         raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
+    inputs = model.check_inputs(inputs)
     if not isinstance(lengths, torch.Tensor) or lengths.dtype != torch.long:
         raise TypeError("lengths must be a long tensor")
+    lengths = dense(lengths, "lengths")  # a freed storage refused before a view of it is taken
     if lengths.dim() == 1 and lengths.shape[0] == inputs.shape[1]:
         lengths = lengths.expand(inputs.shape[:2])
     if lengths.shape != inputs.shape[:2]:
         raise ValueError(f"lengths must have shape (B,) or {tuple(inputs.shape[:2])}, got {tuple(lengths.shape)}")
-    check_index_range(lengths, "lengths", 1, inputs.shape[-1] - 1, dtypes=(torch.long,),
-                      message="lengths must lie in [1, T]: a response has at least one token and fits the input")
+    lengths = check_index_range(lengths, "lengths", 1, inputs.shape[-1] - 1, dtypes=(torch.long,),
+                                message="lengths must lie in [1, T]: a response has at least one token and fits the input")
     return model(inputs).gather(-1, lengths[..., None]).squeeze(-1)
 
 
@@ -246,12 +262,17 @@ def tile(model: TinyTransformer, times: int) -> TinyTransformer:
     if not isinstance(model, TinyTransformer):
         raise TypeError(f"model must be a TinyTransformer, got {type(model).__name__}")
     times = check_positive_int(times, "times")
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
+    check_memory(times * sum(p.numel() * p.element_size() for p in params.values()), "times", device)
     out = copy.deepcopy(model)
     out.n_models = model.n_models * times
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in params.items():
             axis = 1 if name in TinyTransformer.LAYER_PARAMS else 0
-            setattr(out, name, nn.Parameter(torch.cat([p.detach().clone()] * times, dim=axis)))
+            reps = [1] * p.dim()
+            reps[axis] = times
+            setattr(out, name, nn.Parameter(p.detach().repeat(*reps)))  # copy-major, as torch.cat([p] * times)
     return out
 
 
@@ -304,10 +325,7 @@ def explained_variance(prediction: torch.Tensor, target: torch.Tensor, mask: tor
     prediction, target, mask = dense(prediction, "prediction"), dense(target, "target"), dense(mask, "mask")
     if not prediction.device == target.device == mask.device:
         raise ValueError(f"prediction, target and mask must be on one device, got {prediction.device}, {target.device}, {mask.device}")
-    dim = check_int(dim, "dim")
-    rank = max(target.dim(), 1)
-    if not -rank <= dim < rank:
-        raise ValueError(f"dim must lie in [{-rank}, {rank - 1}] for a target of shape {tuple(target.shape)}, got {dim}")
+    dim = check_dim(dim, target.dim(), shape_of=f"a target of shape {tuple(target.shape)}")
     require_finite(prediction, "prediction", mask)
     require_finite(target, "target", mask)
     too_far = f"prediction: its errors are so much larger than the spread of target that the explained variance overflows {target.dtype}"

@@ -44,7 +44,7 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
-from ._checks import check_nonnegative_scalar, check_positive_int, check_seed, dense
+from ._checks import check_device, check_nonnegative_scalar, check_positive_int, check_seed, dense
 from .advantages import td_errors
 from .rewards import kl_shaped_rewards
 
@@ -347,15 +347,15 @@ class Rollout:
         return dataclasses.replace(self, **moved)
 
 
-def _generator(generator: Union[int, torch.Generator]) -> torch.Generator:
-    """A CPU ``torch.Generator``, or one seeded by an int seed in ``[0, 2**63 - 1]`` (``valuelab._checks.check_seed``)."""
+def _generator(generator: Union[int, torch.Generator], name: str = "generator") -> torch.Generator:
+    """A CPU ``torch.Generator``, or one seeded by an int seed in ``[0, 2**63 - 1]`` (``valuelab._checks.check_seed``); errors name ``name``."""
     if isinstance(generator, torch.Generator):
         if generator.device.type != "cpu":
-            raise ValueError(f"generator must be a CPU torch.Generator, got one on {generator.device}")
+            raise ValueError(f"{name} must be a CPU torch.Generator, got one on {generator.device}")
         return generator
     if isinstance(generator, (bool, np.bool_)) or not isinstance(generator, numbers.Integral):
-        raise TypeError(f"generator must be an int seed or a torch.Generator, got {type(generator).__name__}")
-    return torch.Generator().manual_seed(check_seed(generator, "generator"))
+        raise TypeError(f"{name} must be an int seed or a torch.Generator, got {type(generator).__name__}")
+    return torch.Generator().manual_seed(check_seed(generator, name))
 
 
 def sample(
@@ -389,7 +389,7 @@ def sample(
     g = _generator(generator)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype}")
-    device = torch.device("cpu") if device is None else torch.device(device)
+    device = torch.device("cpu") if device is None else check_device(device)
 
     L, V, C, K = world.max_len, world.vocab_size, world.n_contexts, world.n_counts
     cdf = torch.as_tensor(np.cumsum(world.pi_old, -1), device=device)

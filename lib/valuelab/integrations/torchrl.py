@@ -30,6 +30,7 @@ from typing import Dict, NamedTuple, Optional, Tuple, Union
 import torch
 
 from .._checks import (check_flag, check_int, check_mask, check_sequence_tensor, check_unit_interval, dense, require_finite,
+                       require_finite_result,
                        unit_scalar)
 from .._fastscan import fast_backward_scan
 
@@ -158,7 +159,9 @@ def _gae(gamma: object, lmbda: object, state_value: object, next_state_value: ob
     adv = fast_backward_scan(x, d).reshape(moved).movedim(-1, axis)
     if not adv.is_contiguous():
         adv = adv.contiguous()
-    return adv, adv + state_value
+    target = adv + state_value
+    why = f"the advantages or value targets overflow {dtype} (finite inputs, a sum beyond the largest float): rescale the rewards"
+    return require_finite_result(adv, "reward", why), require_finite_result(target, "reward", why)
 
 
 def generalized_advantage_estimate(
@@ -320,12 +323,17 @@ def to_torchrl(
     unless the row is ``truncated`` (``(B,)`` bool), whose next value is then
     ``bootstrap`` (``(B,)``). The padding after a row's end is a trajectory
     of its own for TorchRL: ignore its outputs (mask them). ``bootstrap``
-    without ``truncated`` is refused (ValueError), not ignored.
+    without ``truncated`` is refused (ValueError), not ignored. ``values``
+    must have the dtype of ``rewards`` (TorchRL's GAE takes its value
+    tensors in one dtype; TypeError otherwise); ``bootstrap`` is cast to it,
+    as it becomes an entry of ``next_state_value``.
     """
     rewards = check_sequence_tensor(rewards, "rewards")
     values = check_sequence_tensor(values, "values")
     if rewards.dim() != 2 or values.shape != rewards.shape:
         raise ValueError(f"rewards and values must be (B, T) of one shape, got {tuple(rewards.shape)} and {tuple(values.shape)}")
+    if values.dtype != rewards.dtype:  # TorchRL's GAE takes its three value tensors in one dtype; no silent rounding here
+        raise TypeError(f"values must have the dtype of rewards: {values.dtype} != {rewards.dtype}")
     m = check_mask(mask, rewards)
     lengths = _right_padded(m)
     B, T = rewards.shape
@@ -343,7 +351,7 @@ def to_torchrl(
         bootstrap = check_sequence_tensor(bootstrap, "bootstrap")
         if bootstrap.shape != (B,):
             raise ValueError(f"bootstrap must have shape ({B},), got {tuple(bootstrap.shape)}")
-        next_values = torch.where(last & cut[:, None], bootstrap.to(values.dtype)[:, None], next_values)
+        next_values = torch.where(last & cut[:, None], bootstrap.to(values.dtype)[:, None], next_values)  # values' dtype
     next_values = torch.where(last & ~cut[:, None], torch.zeros_like(next_values), next_values)
     col = lambda x: x.unsqueeze(-1)  # noqa: E731
     return dict(state_value=col(values), next_state_value=col(next_values), reward=col(rewards),

@@ -26,7 +26,7 @@ from typing import NamedTuple, Tuple
 
 import torch
 
-from .._checks import check_flag, check_index_range, check_sequence_tensor
+from .._checks import check_flag, check_index_range, check_sequence_tensor, require_finite_result
 from ..advantages import gae
 from ..losses import masked_whiten
 from ._swap import rate
@@ -78,6 +78,8 @@ def from_trl(rewards: torch.Tensor, values: torch.Tensor, sequence_lengths: torc
     score = rewards[rows, end]  # at the phantom step the KL term is 0 (both log-probs are TRL's INVALID_LOGPROB)
     moved[rows[has_phantom], end[has_phantom]] = 0.0
     moved[rows[has_phantom], n[has_phantom]] += score[has_phantom]
+    require_finite_result(moved, "rewards", f"the score moved onto the last token overflows {rewards.dtype} "
+                                            "(the KL term there plus the score exceed the largest float)")
     return TRLBatch(moved, values, idx <= n[:, None])
 
 
@@ -100,4 +102,7 @@ def trl_advantages(
         zero = torch.zeros((), dtype=values.dtype, device=values.device)
         returns = out.advantages + torch.where(batch.mask, values, zero)
         valid = torch.arange(rewards.shape[1], device=rewards.device) <= n[:, None]
+        if int(valid.sum()) < 2:  # TRL's own masked_whiten divides 0 by 0 here: NaN advantages
+            raise ValueError("sequence_lengths must leave at least two tokens in the batch: TRL whitens the advantages "
+                             "with the unbiased variance, undefined for one token")
         return masked_whiten(out.advantages, valid), returns

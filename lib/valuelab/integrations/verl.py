@@ -32,9 +32,9 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 
-from .._checks import check_mask, check_nonnegative_scalar, check_sequence_tensor
+from .._checks import check_mask, check_nonnegative_scalar, check_sequence_tensor, require_finite_result
 from ..advantages import gae
-from ..losses import masked_mean, masked_var
+from ..losses import _whiten_everywhere
 from ._conventions import carry_into_holes
 from ._swap import installed, promoted, rate, refuse_nonfinite, swap
 
@@ -49,13 +49,20 @@ HYDRA_OVERRIDE = f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={R
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """verl's ``masked_whiten``: :math:`(x - \\mu)/\\sqrt{\\sigma^2 + \\epsilon}` at *every* position, with the mean and unbiased variance of the valid ones."""
+    """verl's ``masked_whiten``: :math:`(x - \\mu)/\\sqrt{\\sigma^2 + \\epsilon}` at *every* position, with the mean and unbiased variance of the valid ones.
+
+    Computed in float64 on the scale of the largest valid entry
+    (``valuelab.losses._whiten_everywhere``): where verl's own function
+    gives NaN (every valid entry equal and ``eps = 0``, or a float16 ``eps``
+    that rounds to 0) this gives the centred values, 0; where its variance
+    overflows float32 this gives the whitened values.
+    """
     values = check_sequence_tensor(values, "values")
     m = check_mask(mask, values)
     eps = check_nonnegative_scalar(eps, "eps")
-    mean = masked_mean(values, m)
-    var = masked_var(values, m, unbiased=True)
-    return (values - mean) * torch.rsqrt(var + eps)
+    out, _ = _whiten_everywhere(values, m.to(torch.float64), eps, True, "mask")  # on a scale: no overflow, no 0/0
+    return require_finite_result(out.to(values.dtype), "values",
+                                 f"a masked entry lies so far from the valid ones that its whitened value overflows {values.dtype}")
 
 
 def compute_gae_advantage_return(
@@ -106,7 +113,10 @@ def compute_gae_advantage_return(
         values = values.detach()
         adv = carry_into_holes(gae(rewards.detach(), values, mask=m, gamma=g, lam=l_).advantages, m)
         returns = adv + values
-        return whiten(adv, m).to(out), returns.to(out)
+        white, _ = _whiten_everywhere(adv, m.to(torch.float64), 1e-8, True, "response_mask")
+        why = "the advantages or returns overflow {}: rescale the rewards".format(out)
+        return (require_finite_result(white.to(out), "token_level_rewards", why),
+                require_finite_result(returns.to(out), "token_level_rewards", why))
 
 
 def _core_algos(core_algos: Optional[ModuleType]) -> ModuleType:
