@@ -438,6 +438,9 @@ REGRESSIONS["valuelab.transformer.sequence_inputs"] = [  # an efficient zero ten
        batch=O("batch", (dict(n_prompts=1, vocab_size=4, max_len=1, eos_range=(0.5030379680689595, 0.6899331786814951),
                               seed=1886, max_count=2), 2, 1, 362)),
        rows=T((1, 4), "int64", (1,), layout="zero"))]
+REGRESSIONS["valuelab.distributed.batch_statistics"].append(  # clip_range=None read as "no clip", where a number is due
+    _c("valuelab.distributed.batch_statistics", values=T((1, 2), F32, (2.43, -0.0)), returns=T((1, 2), F32, (0.08, 4.0)),
+       old=T((1, 2), F32, (0.0, 3.33)), mask=T((1, 2), "bool", (True,)), group=None, clip_range=None))
 REGRESSIONS["valuelab.integrations._conventions.zero_holes"] = [  # None read as "no holes"
     _c("valuelab.integrations._conventions.zero_holes", x=T((3,), "float16"), mask=None)]
 REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # an error inside a rank: ProcessRaisedException

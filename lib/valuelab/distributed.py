@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 
-from ._checks import check_int, check_like, check_mask, check_memory, check_positive_int, check_seed, check_sequence_tensor, renamed
+from ._checks import check_int, check_like, check_mask, check_memory, check_nonnegative_scalar, check_positive_int, check_seed, check_sequence_tensor, renamed
 from .losses import AGGREGATIONS, masked_mean, masked_var, masked_whiten, value_loss_stats
 
 __all__ = ["run_on_ranks", "demo_batch", "batch_statistics", "shard_statistics"]
@@ -112,6 +112,7 @@ def batch_statistics(values, returns, old, mask, group=None, clip_range: float =
     returns = check_like(returns, "returns", values, "values")
     old = check_like(old, "old", values, "values")
     check_mask(mask, values)
+    clip_range = check_nonnegative_scalar(clip_range, "clip_range")  # a number: None (no clip) is value_loss's, not this
     out = renamed(lambda: {  # the statistics' argument x is this function's returns
         "mean": masked_mean(returns, mask, group=group),
         "var_unbiased": masked_var(returns, mask, group=group),

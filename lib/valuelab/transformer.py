@@ -140,7 +140,7 @@ class TinyTransformer(nn.Module):
     def check_inputs(self, inputs: object) -> torch.Tensor:
         """``inputs`` if it is a long ``(n_models, B, S)`` tensor of ids in ``[0, n_tokens)`` with ``S <= max_positions``.
 
-        Dense with data behind it (:func:`valuelab._checks.dense`: an
+        Dense with data behind it (``valuelab._checks.dense``: an
         efficient zero tensor comes back materialised, a meta one is
         refused); TypeError or ValueError naming ``inputs`` otherwise.
         """
