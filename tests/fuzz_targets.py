@@ -769,8 +769,10 @@ def _masked_var_oracle(a: Args, out: Any) -> None:
         return
     _, var, s = _moments(arr(x, "x"), m, unbiased)
     want = var * s * s
-    if math.isfinite(want) and want < torch.finfo(x.dtype).max:
-        close("var", arr(out, "var"), np.asarray(want), 16 * eps_of(x.dtype) * (abs(want) + s * s * 1e-12) + tiny_of(x.dtype))
+    n = int(m.sum())
+    if math.isfinite(want) and want < torch.finfo(x.dtype).max:  # two roundings of a sum of n squares each: (n + 2) eps
+        close("var", arr(out, "var"), np.asarray(want),
+              16 * eps_of(x.dtype) * ((n + 2) * abs(want) + s * s * 1e-12) + tiny_of(x.dtype))
 
 
 TARGETS["valuelab.losses.masked_var"].oracle = _masked_var_oracle
@@ -1446,10 +1448,13 @@ def _verl_whiten_oracle(a: Args, out: Any) -> None:
         return
     xv, m = arr(x, "values"), boolarr(mask, "mask")
     mean, var, s = _moments(xv, m, True)
-    denom = var * s * s + eps
+    with np.errstate(over="ignore"):  # in units of s: var * s * s is subnormal for a spread of 1e-161 (precision lost)
+        denom = var + eps / (s * s)
     if denom > 0 and math.isfinite(denom):
-        want = (xv - mean * s) / math.sqrt(denom)
-        close("whitened", arr(out, "whitened"), want, 64 * eps_of(x.dtype) * (1 + np.abs(want) + s / math.sqrt(denom)))
+        with np.errstate(over="ignore"):
+            want = (xv / s - mean) / math.sqrt(denom)
+        if np.isfinite(want).all():
+            close("whitened", arr(out, "whitened"), want, 64 * eps_of(x.dtype) * (1 + np.abs(want) + 1 / math.sqrt(denom)))
 
 
 TARGETS["valuelab.integrations.verl.whiten"].oracle = _verl_whiten_oracle

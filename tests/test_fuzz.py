@@ -441,6 +441,16 @@ REGRESSIONS["valuelab.transformer.sequence_inputs"] = [  # an efficient zero ten
 REGRESSIONS["valuelab.distributed.batch_statistics"].append(  # clip_range=None read as "no clip", where a number is due
     _c("valuelab.distributed.batch_statistics", values=T((1, 2), F32, (2.43, -0.0)), returns=T((1, 2), F32, (0.08, 4.0)),
        old=T((1, 2), F32, (0.0, 3.33)), mask=T((1, 2), "bool", (True,)), group=None, clip_range=None))
+REGRESSIONS["valuelab.losses.masked_whiten"].append(  # equal entries of 4.7e287: the mean's rounding whitened to +-1
+    _c("valuelab.losses.masked_whiten", "valid", x=T((1, 40), "float64", (-4.685957499849568e+287,)),
+       mask=T((1, 40), "bool", (True, True, False)), shift_mean=True, eps=1e-8, group=None, unbiased=True))
+REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # the oracle's: a variance of 2.4e-322 is subnormal
+    _c("valuelab.integrations.verl.whiten", "valid", values=T((1, 3), "float64", (-2.213478242430025e-161,
+                                                                                 -1.6136471333081161e-198, -2.2e-161)),
+       mask=T((1, 3), "bool", (True, True, False)), eps=0.0))
+REGRESSIONS["valuelab.losses.masked_var"] = [  # the oracle's: two sums of squares, each off by up to n eps
+    _c("valuelab.losses.masked_var", "valid", x=T((1, 2), "float64", (-2.25, -2.3125)), mask=T((1, 2), "bool", (True,)),
+       unbiased=False, group=None)]
 REGRESSIONS["valuelab.integrations._conventions.zero_holes"] = [  # None read as "no holes"
     _c("valuelab.integrations._conventions.zero_holes", x=T((3,), "float16"), mask=None)]
 REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # an error inside a rank: ProcessRaisedException

@@ -372,6 +372,15 @@ def test_efficient_zero_rows_do_not_crash_sequence_inputs():
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-800:])
 
 
+def test_equal_entries_whiten_to_zero_at_any_magnitude():
+    """1,500 entries all equal to -4.7e287: the mean's rounding (1 ulp) divided by the spread it made whitened to +-1
+    (eps / s**2 underflows at that scale, so nothing damped it); the corrected two-pass mean is exact for equal
+    entries."""
+    x = torch.full((1, 1500), -4.685957499849568e287, dtype=F64)
+    assert torch.equal(losses.masked_whiten(x), torch.zeros_like(x))
+    assert torch.equal(verl.whiten(x, torch.ones_like(x, dtype=torch.bool)), torch.zeros_like(x))
+
+
 def test_shard_statistics_outside_a_group_is_refused():
     """Outside a process group it returned this rank's own statistics as if they were the group's."""
     with pytest.raises(ValueError, match="world_size"):

@@ -255,7 +255,8 @@ def _whiten_everywhere(x: torch.Tensor, m: torch.Tensor, eps: float, unbiased: b
     s = _scale(xw, mw, None)
     xs = xw / s
     mean = _valid(xs, mw).sum() / count
-    centred = _valid(xs - mean, mw)
+    mean = mean + _valid(xs - mean, mw).sum() / count  # corrected two-pass mean: exact for equal entries, so that a
+    centred = _valid(xs - mean, mw)  # constant x whitens to 0, not to +-1 (its rounding noise divided by itself)
     if unbiased:
         var = (centred * centred).sum() / (count - 1)
     else:
