@@ -750,9 +750,9 @@ def _masked_var(draw, ex):
 
 
 def _moments(xv: np.ndarray, m: np.ndarray, unbiased: bool):
-    s = np.max(np.abs(xv[m]), initial=0.0)
-    s = s if s > 0 else 1.0
-    y = xv[m] / s
+    top = float(np.max(np.abs(xv[m]), initial=0.0))
+    s = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0  # a power of two: dividing by it is exact, where
+    y = xv[m] / s  # max|x| itself would round every entry and the variance of close numbers with them
     n = len(y)
     mean = y.mean()
     var = ((y - mean) ** 2).sum() / (n - 1 if unbiased else n)
@@ -950,7 +950,15 @@ def _loss_stats_defined(kw: Dict[str, Any]) -> Optional[str]:
     g = arr(kw["returns"], "returns")
     m = np.ones(g.shape, bool) if kw.get("mask") is None else boolarr(kw["mask"], "mask")
     sel = g[m]
-    return None if sel.size and np.var(sel) > 0 else "returns have no spread over the valid tokens"
+    if not (sel.size and np.var(sel) > 0):
+        return "returns have no spread over the valid tokens"
+    v = arr(kw["values"], "values")
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        ev = 1 - np.var((g - v)[m]) / np.var(sel)
+    top = torch.finfo(kw["values"].dtype).max if isinstance(kw["values"], torch.Tensor) else np.inf
+    if not np.isfinite(ev) or abs(ev) > top / 2:  # errors of 2 against a spread of 1e-38: EV of -3e76, past float32
+        return "the explained variance does not fit the dtype"
+    return None
 
 
 def _loss_stats_oracle(a: Args, out: Any) -> None:
@@ -2262,10 +2270,12 @@ def _fit_oracle(a: Args, out: Any) -> None:
     t = kw["t_max"]
     expect(isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_)) and t >= 1, f"accepted t_max={t!r}")
     same_shape(kw["exact"], tuple(kw["estimate"].shape), "exact", "estimate")
-    same_shape(kw["mask"], tuple(kw["estimate"].shape), "mask", "estimate")
+    if kw["mask"] is not None:  # None is documented: every token before t_max
+        same_shape(kw["mask"], tuple(kw["estimate"].shape), "mask", "estimate")
     if not a.finite:
         return
-    e, x, m = arr(kw["estimate"], "estimate"), arr(kw["exact"], "exact"), boolarr(kw["mask"], "mask")
+    e, x = arr(kw["estimate"], "estimate"), arr(kw["exact"], "exact")
+    m = np.ones(e.shape, bool) if kw["mask"] is None else boolarr(kw["mask"], "mask")
     sel = m[..., :t]
     y, A = e[..., :t][sel], x[..., :t][sel]
     dA = A - A.mean()

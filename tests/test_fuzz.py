@@ -451,6 +451,20 @@ REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # the oracle's: a vari
 REGRESSIONS["valuelab.losses.masked_var"] = [  # the oracle's: two sums of squares, each off by up to n eps
     _c("valuelab.losses.masked_var", "valid", x=T((1, 2), "float64", (-2.25, -2.3125)), mask=T((1, 2), "bool", (True,)),
        unbiased=False, group=None)]
+REGRESSIONS["valuelab.ppo.advantage_fit"] = [  # the oracle's: mask None is documented (every token before t_max)
+    _c("valuelab.ppo.advantage_fit", "valid", estimate=T((7,), "float64", (0.0, 0.7, 4.6e-33, -0.034)),
+       exact=T((7,), "float64", (3.81, 1.01, -3.77, 2.76, 0.31, -1.0, 1e-6)), mask=None, t_max=9)]
+REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # verl's masked_whiten has no default mask: None refused
+    _c("valuelab.integrations.verl.whiten", values=T((7,), "float64", (3.5, -0.0, -0.79)), mask=None, eps=1e-8))
+REGRESSIONS["valuelab.losses.aggregate"].append(  # a required mask: None is not "every token"
+    _c("valuelab.losses.aggregate", per_token=T((1, 2), F32), mask=None, aggregation="token-mean"))
+REGRESSIONS["valuelab.losses.masked_var"].append(  # the oracle's: it scaled by max|x|, not a power of two, and rounded
+    _c("valuelab.losses.masked_var", "valid", x=T((1, 2), "float64", (1.4397951364517212, 1.4397951389470336)),
+       mask=T((1, 2), "bool", (True,)), unbiased=False, group=None))
+REGRESSIONS["valuelab.losses.value_loss_stats"].append(  # the oracle's: an EV of -3e76 does not fit float32: refused
+    _c("valuelab.losses.value_loss_stats", "valid", values=T((2,), F32, (1e-5, 2.0818307399749756)),
+       returns=T((2,), F32, (0.0, 1.1754943508222875e-38)), mask=None, old_values=T((2,), F32), clip_range=0.2,
+       aggregation="seq-mean-token-mean", group=None, global_count=None))
 REGRESSIONS["valuelab.integrations._conventions.zero_holes"] = [  # None read as "no holes"
     _c("valuelab.integrations._conventions.zero_holes", x=T((3,), "float16"), mask=None)]
 REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # an error inside a rank: ProcessRaisedException

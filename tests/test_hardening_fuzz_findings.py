@@ -381,6 +381,16 @@ def test_equal_entries_whiten_to_zero_at_any_magnitude():
     assert torch.equal(verl.whiten(x, torch.ones_like(x, dtype=torch.bool)), torch.zeros_like(x))
 
 
+@pytest.mark.parametrize("call", [
+    lambda: verl.whiten(torch.zeros(3), None),
+    lambda: losses.aggregate(torch.zeros(1, 2), None),
+])
+def test_required_masks_refuse_none(call):
+    """verl's masked_whiten and aggregate take a mask with no default: None was read as "every token"."""
+    with pytest.raises(TypeError, match="^mask"):
+        call()
+
+
 def test_shard_statistics_outside_a_group_is_refused():
     """Outside a process group it returned this rank's own statistics as if they were the group's."""
     with pytest.raises(ValueError, match="world_size"):

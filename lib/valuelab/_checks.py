@@ -172,8 +172,10 @@ def check_like(x: object, name: str, like: torch.Tensor, like_name: str, *, fini
     return x
 
 
-def check_mask(mask: object, like: torch.Tensor, name: str = "mask", *, none_ok: bool = False) -> Optional[torch.Tensor]:
-    """A boolean version of ``mask`` (all ones when ``mask`` is None, or None with ``none_ok``).
+def check_mask(
+    mask: object, like: torch.Tensor, name: str = "mask", *, none_ok: bool = False, required: bool = False
+) -> Optional[torch.Tensor]:
+    """A boolean version of ``mask`` (all ones when ``mask`` is None, or None with ``none_ok``; a TypeError with ``required``).
 
     ``mask`` may be bool or real, but a real mask may only hold 0 and 1. A
     bool mask is returned as it is; one whose bytes are not all 0 or 1 (a
@@ -181,6 +183,8 @@ def check_mask(mask: object, like: torch.Tensor, name: str = "mask", *, none_ok:
     every path (:meth:`valuelab._problem.Problem.torch_mask`).
     """
     if mask is None:
+        if required:  # a function whose mask is not optional: None is not "every token"
+            raise TypeError(f"{name} must be a torch.Tensor, got None")
         return None if none_ok else torch.ones(like.shape, dtype=torch.bool, device=like.device)
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")

@@ -275,7 +275,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "t
     valid tokens, then over the non-empty sequences; ``"seq-mean-token-sum"``:
     the sum over each sequence, then the mean over the non-empty sequences.
     ``mask`` is a bool or real 0/1 tensor of ``per_token``'s shape (never
-    broadcast; None: every token). Masked entries may hold anything, NaN
+    broadcast; required). Masked entries may hold anything, NaN
     included; valid ones must be finite, and a result that overflows the
     dtype (a sum of ``[1e308, 1e308]``) is a ValueError naming ``per_token``.
     :func:`valuelab.value_loss` and :func:`valuelab.ppo.policy_loss` use
@@ -283,7 +283,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "t
     """
     check_aggregation(aggregation)
     x = check_sequence_tensor(per_token, "per_token", finite=False)
-    m = _mask_for(x, mask)
+    m = canonical_mask(check_mask(mask, x, required=True)).to(x.dtype)
     require_finite(_valid(x, m), "per_token")
     out = _aggregate(x, m, aggregation)
     return require_finite_result(out, "per_token", f"its aggregate overflows {x.dtype}: rescale per_token")

@@ -28,17 +28,10 @@ def hole_convention(name: str) -> str:
     return HOLE_CONVENTIONS[name]
 
 
-def _required_mask(mask: object, x: torch.Tensor) -> torch.Tensor:
-    """:func:`valuelab._checks.check_mask` without its default: these conventions are about holes, so None is refused."""
-    if mask is None:
-        raise TypeError("mask must be a torch.Tensor (the holes), got None")
-    return check_mask(mask, x)
-
-
 def zero_holes(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``x`` with every masked entry set to 0: the input a "zero" trainer's recursion reads. ``mask`` is required."""
     x = check_sequence_tensor(x, "x")
-    m = _required_mask(mask, x)
+    m = check_mask(mask, x, required=True)
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
@@ -49,7 +42,7 @@ def carry_into_holes(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     carried through a hole unchanged. Valid entries are returned as they are.
     """
     x = check_sequence_tensor(x, "x")
-    m = _required_mask(mask, x)
+    m = check_mask(mask, x, required=True)
     T = x.shape[-1]
     pos = torch.arange(T, device=x.device).expand_as(x)
     sentinel = torch.full_like(pos, T)

@@ -58,7 +58,7 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
     overflows float32 this gives the whitened values.
     """
     values = check_sequence_tensor(values, "values")
-    m = check_mask(mask, values)
+    m = check_mask(mask, values, required=True)
     eps = check_nonnegative_scalar(eps, "eps")
     out, _ = _whiten_everywhere(values, m.to(torch.float64), eps, True, "mask")  # on a scale: no overflow, no 0/0
     return require_finite_result(out.to(values.dtype), "values",
