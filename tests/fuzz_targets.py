@@ -135,6 +135,8 @@ def arr(x: Any, name: str) -> np.ndarray:
         if y.dtype == torch.bool:
             return (y.view(torch.uint8) != 0).numpy().astype(np.float64)
         return y.double().numpy()
+    if isinstance(x, (list, tuple)):  # 0-d tensors in a list, read as numbers (without a graph)
+        x = [v.detach().cpu().resolve_conj().resolve_neg() if isinstance(v, torch.Tensor) else v for v in x]
     a = np.asarray(x)
     expect(a.dtype.kind not in "cOUSV", f"accepted {name}={x!r:.60}")
     return a.astype(np.float64)
@@ -751,7 +753,7 @@ def _masked_var(draw, ex):
 
 def _moments(xv: np.ndarray, m: np.ndarray, unbiased: bool):
     top = float(np.max(np.abs(xv[m]), initial=0.0))
-    s = math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0  # a power of two: dividing by it is exact, where
+    s = np.float64(math.ldexp(1.0, math.frexp(top)[1] - 1) if top > 0 else 1.0)  # a power of two: dividing by it is exact, where
     y = xv[m] / s  # max|x| itself would round every entry and the variance of close numbers with them
     n = len(y)
     mean = y.mean()
@@ -788,7 +790,8 @@ def _masked_whiten(draw, ex):
 
 def _whiten_ref(xv, m, shift_mean, eps, unbiased):
     mean, var, s = _moments(xv, m, unbiased)
-    denom = var + eps / (s * s)
+    with np.errstate(over="ignore", divide="ignore"):  # s * s underflows to 0 for s = 2**-997: eps / 0 is inf, not an error
+        denom = var + (np.float64(eps) / (s * s) if eps > 0 else 0.0)
     out = (xv / s - mean) / math.sqrt(denom) if denom > 0 else (xv / s - mean)
     if not shift_mean:
         out = out + mean * s
@@ -952,10 +955,14 @@ def _loss_stats_defined(kw: Dict[str, Any]) -> Optional[str]:
     sel = g[m]
     if not (sel.size and np.var(sel) > 0):
         return "returns have no spread over the valid tokens"
-    v = arr(kw["values"], "values")
+    return _ev_fits(g, arr(kw["values"], "values"), m, kw["values"])
+
+
+def _ev_fits(g: np.ndarray, v: np.ndarray, m: np.ndarray, like: Any) -> Optional[str]:
+    """None when the explained variance of ``v`` against ``g`` fits ``like``'s dtype; else why a refusal is right."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        ev = 1 - np.var((g - v)[m]) / np.var(sel)
-    top = torch.finfo(kw["values"].dtype).max if isinstance(kw["values"], torch.Tensor) else np.inf
+        ev = 1 - np.var((g - v)[m]) / np.var(g[m])
+    top = torch.finfo(like.dtype).max if isinstance(like, torch.Tensor) else np.inf
     if not np.isfinite(ev) or abs(ev) > top / 2:  # errors of 2 against a spread of 1e-38: EV of -3e76, past float32
         return "the explained variance does not fit the dtype"
     return None
@@ -1456,8 +1463,8 @@ def _verl_whiten_oracle(a: Args, out: Any) -> None:
         return
     xv, m = arr(x, "values"), boolarr(mask, "mask")
     mean, var, s = _moments(xv, m, True)
-    with np.errstate(over="ignore"):  # in units of s: var * s * s is subnormal for a spread of 1e-161 (precision lost)
-        denom = var + eps / (s * s)
+    with np.errstate(over="ignore", divide="ignore"):  # in units of s: var * s * s is subnormal for a spread of 1e-161
+        denom = var + (np.float64(eps) / (s * s) if eps > 0 else 0.0)  # (precision lost); s * s may underflow to 0
     if denom > 0 and math.isfinite(denom):
         with np.errstate(over="ignore"):
             want = (xv / s - mean) / math.sqrt(denom)
@@ -2771,7 +2778,9 @@ def stats_kwargs(draw, ex):
 
 def _batch_stats_defined(kw):
     g, m = arr(kw["returns"], "g"), boolarr(kw["mask"], "m")
-    return None if m.sum() >= 2 and np.var(g[m]) > 0 else "no spread"
+    if not (m.sum() >= 2 and np.var(g[m]) > 0):  # (a spread whose float64 variance underflows counts as none here)
+        return "no spread"
+    return _ev_fits(g, arr(kw["values"], "values"), m, kw["values"])
 
 
 @target("valuelab.distributed.batch_statistics", defined=_batch_stats_defined, weight=0.5)
@@ -2787,9 +2796,9 @@ def _batch_stats_oracle(a: Args, out: Any) -> None:
         same_shape(kw[name], shape, name, "returns")
     c = scalar(kw["clip_range"], "clip_range")
     expect(c >= 0 and math.isfinite(c), f"accepted clip_range={c}")
-    if a.finite:
+    if a.finite and _batch_stats_defined(kw) is None:  # else no float64 reference to compare with (a returned value
         _compare_stats(out, _stats_ref(kw["values"], kw["returns"], kw["old"], kw["mask"], c, kw["returns"].dtype),
-                       kw["returns"].dtype)
+                       kw["returns"].dtype)  # is still checked for shape, finiteness and unchanged inputs)
 
 
 TARGETS["valuelab.distributed.batch_statistics"].oracle = _batch_stats_oracle

@@ -465,6 +465,23 @@ REGRESSIONS["valuelab.losses.value_loss_stats"].append(  # the oracle's: an EV o
     _c("valuelab.losses.value_loss_stats", "valid", values=T((2,), F32, (1e-5, 2.0818307399749756)),
        returns=T((2,), F32, (0.0, 1.1754943508222875e-38)), mask=None, old_values=T((2,), F32), clip_range=0.2,
        aggregation="seq-mean-token-mean", group=None, global_count=None))
+REGRESSIONS["valuelab.distributed.batch_statistics"] += [  # the oracle's: an EV past float32; a spread of 2.2e-308
+    _c("valuelab.distributed.batch_statistics", "valid", values=T((1, 3), F32, (4.0, -1.1920928955078125e-07, 4.0)),
+       returns=T((1, 3), F32, (-1.0428320912418572e-20, 0.0, 0.19355377554893494)),
+       old=T((1, 3), F32, (-1.0428320912418572e-20, 0.0, 0.19355377554893494)),
+       mask=T((1, 3), "bool", (True, True, False)), group=None, clip_range=1.0),
+    _c("valuelab.distributed.batch_statistics", "valid", values=T((1, 2), "float64", (0.0, 2.2e-308)),
+       returns=T((1, 2), "float64", (0.0, 2.2e-308)), old=T((1, 2), "float64", (0.0, -2.4172301292419434)),
+       mask=T((1, 2), "bool", (True,)), group=None, clip_range=0.2)]
+REGRESSIONS["valuelab.integrations.verl.compute_gae_advantage_return"].append(  # verl's response_mask has no default
+    _c("valuelab.integrations.verl.compute_gae_advantage_return", token_level_rewards=T((1, 3), F32), values=T((1, 3), F32),
+       response_mask=None, gamma=1.0, lam=0.95))
+REGRESSIONS["valuelab.losses.masked_whiten"].append(  # the oracle's: s * s underflows to 0 for s = 2**-997
+    _c("valuelab.losses.masked_whiten", "valid", x=T((2, 1), "float64", (1e-300,)), mask=T((2, 1), "bool", (True,)),
+       shift_mean=False, eps=0, group=None, unbiased=True))
+REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # the oracle's: eps / (s * s) with s * s = 0
+    _c("valuelab.integrations.verl.whiten", "valid", values=T((4, 2), "float64", (2.2e-308,)),
+       mask=T((4, 2), "bool", (True, True, False, True)), eps=1e-8))
 REGRESSIONS["valuelab.integrations._conventions.zero_holes"] = [  # None read as "no holes"
     _c("valuelab.integrations._conventions.zero_holes", x=T((3,), "float16"), mask=None)]
 REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # an error inside a rank: ProcessRaisedException

@@ -384,10 +384,11 @@ def test_equal_entries_whiten_to_zero_at_any_magnitude():
 @pytest.mark.parametrize("call", [
     lambda: verl.whiten(torch.zeros(3), None),
     lambda: losses.aggregate(torch.zeros(1, 2), None),
+    lambda: verl.compute_gae_advantage_return(torch.zeros(1, 3), torch.zeros(1, 3), None, 1.0, 0.95),
 ])
 def test_required_masks_refuse_none(call):
-    """verl's masked_whiten and aggregate take a mask with no default: None was read as "every token"."""
-    with pytest.raises(TypeError, match="^mask"):
+    """verl's masked_whiten and GAE and aggregate take a mask with no default: None was read as "every token"."""
+    with pytest.raises(TypeError, match="mask must be a torch.Tensor, got None"):
         call()
 
 

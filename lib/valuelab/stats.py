@@ -178,17 +178,20 @@ def _as_sample(x: object, name: str) -> np.ndarray:
         if x.is_complex():
             raise TypeError(f"{name} must hold real numbers, got {x.dtype}")
         x = dense(x, name).detach().resolve_conj().resolve_neg().cpu().double().numpy()
-    not_numbers = TypeError(f"{name} must be a 1-D sequence of real numbers, got {type(x).__name__:.40}")
+    not_numbers = TypeError(f"{name} must be a 1-D sequence of real numbers (ints, floats, a numeric array), "
+                            f"got {type(x).__name__:.40}")
     if isinstance(x, (str, bytes)):
         raise not_numbers
+    if isinstance(x, (list, tuple)):  # 0-d tensors in a list: read without their graph (numpy refuses one that has it)
+        x = [v.detach().cpu().resolve_conj().resolve_neg() if isinstance(v, torch.Tensor) else v for v in x]
     try:
         raw = np.asarray(x)
-        # "0.5" is not 0.5 (numpy would parse it), and a complex number is not real (numpy would drop its imaginary part)
-        if raw.dtype.kind in "USVcmM" or (raw.dtype.kind == "O" and any(
-                isinstance(v, (str, bytes, complex, np.complexfloating)) for v in raw.ravel().tolist())):
+        # a numeric dtype only: "0.5" is not 0.5 (numpy would parse it), a complex number is not real (numpy would
+        # drop its imaginary part), and an object array (Fraction, Decimal, an int past int64) is not a sample
+        if raw.dtype.kind not in "biuf":
             raise not_numbers
         a = raw.astype(np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, RuntimeError, NotImplementedError) as exc:
         raise not_numbers from exc
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one number per seed), got shape {a.shape}")

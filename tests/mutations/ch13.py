@@ -30,7 +30,8 @@ MUTATIONS = [
          why="the exact advantage r_t - V(s_t), without gamma V(s_{t+1})"),
     # the library's alignment (valuelab.transformer.state_values), checked in cell 11 by changing one action
     Slip(name="state-values-read-t-plus-1", aims_at=11, function="valuelab.transformer:state_values",
-         from_cell=11, old="return model(inputs)[..., :-1]", new="return model(inputs)[..., 1:]",
+         from_cell=11, old="return model(model.check_inputs(inputs))[..., :-1]",
+         new="return model(model.check_inputs(inputs))[..., 1:]",
          why="V(s_t) read at position t + 1, which has already read a_t (the off-by-one of the chapter)"),
     # the value-clip exercise
     Slip(name="exercise-clip-forgotten", aims_at=37, cell=37,

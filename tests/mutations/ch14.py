@@ -24,7 +24,7 @@ MUTATIONS = [
          old="return torch.where(truncated.to(like.device), bootstrap.to(like.dtype), zero)",
          new="return torch.where(truncated.to(like.device), zero, bootstrap.to(like.dtype))",
          why="the packed scan bootstraps the sequences that ended and not those that were cut"),
-    Slip(name="verl-whitening-biased-variance", aims_at=21, function="valuelab.losses:masked_whiten", from_cell=21,
+    Slip(name="verl-whitening-biased-variance", aims_at=21, function="valuelab.losses:_whiten_everywhere", from_cell=21,
          old="var = (centred * centred).sum() / (count - 1)", new="var = (centred * centred).sum() / count",
          why="verl's whitening (unbiased=True, the default) with the biased variance, OpenRLHF's"),
 ]

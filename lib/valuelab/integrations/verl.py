@@ -102,7 +102,7 @@ def compute_gae_advantage_return(
     values = check_sequence_tensor(values, "values", finite=False)
     if values.shape != rewards.shape:
         raise ValueError(f"values must have the shape of token_level_rewards {tuple(rewards.shape)}, got {tuple(values.shape)}")
-    m = check_mask(response_mask, rewards, "response_mask")
+    m = check_mask(response_mask, rewards, "response_mask", required=True)  # verl's has no default
     for name, x in (("token_level_rewards", rewards), ("values", values)):
         refuse_nonfinite(x, name, m, "verl")
     rows = rewards.shape[0] if rewards.dim() == 2 else 1
