@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
-MAX_PROCESSES = 12
-"""More processes than this in the worker's group (the worker included) is a failure: an unbounded spawn."""
+MAX_PROCESSES = max(4, os.cpu_count() or 1) + 8
+"""More processes than this in the worker's group (the worker included) is a failure: an unbounded spawn. It is
+``valuelab.distributed.MAX_RANKS`` (the ranks ``run_on_ranks`` may start, one per core, at least 4) plus room for
+the worker, spawn's resource tracker and a few helpers."""
 
 
 class Call(NamedTuple):

@@ -482,6 +482,16 @@ REGRESSIONS["valuelab.losses.masked_whiten"].append(  # the oracle's: s * s unde
 REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # the oracle's: eps / (s * s) with s * s = 0
     _c("valuelab.integrations.verl.whiten", "valid", values=T((4, 2), "float64", (2.2e-308,)),
        mask=T((4, 2), "bool", (True, True, False, True)), eps=1e-8))
+REGRESSIONS["valuelab.ppo.policy_loss"].append(  # the oracle's: exp(1e-8) is 1 in float32, a tie at clip_range 0
+    _c("valuelab.ppo.policy_loss", "valid", logprobs=T((1, 3), F32), old_logprobs=T((1, 3), F32, (9.99999993922529e-09,)),
+       advantages=T((1, 3), F32), mask=None, clip_range=0.0, aggregation="token-mean"))
+REGRESSIONS["valuelab.transformer.explained_variance"].append(  # the oracle's: an EV of -1e53 does not fit float32
+    _c("valuelab.transformer.explained_variance", "valid",
+       prediction=T((6,), F32, (-0.0, 2.51, 5.96e-08, -3.36, 6.2e-19, -3.30)),
+       target=T((6,), F32, (0.0, -3.606219079947546e-27)), mask=T((6,), "bool", (True,)), dim=-1))
+REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # more ranks than cores: refused, not forked
+    _c("valuelab.distributed.run_on_ranks", "hostile", [1, 1], 0, fn=O("fn", ("valuelab.distributed.shard_statistics",)),
+       world_size=np.int8(127)))
 REGRESSIONS["valuelab.integrations._conventions.zero_holes"] = [  # None read as "no holes"
     _c("valuelab.integrations._conventions.zero_holes", x=T((3,), "float16"), mask=None)]
 REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # an error inside a rank: ProcessRaisedException

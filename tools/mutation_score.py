@@ -54,6 +54,11 @@ GROUPS: List[Tuple[str, List[str], List[str]]] = [
     # (2-4 spawned ranks) would kill the mutants that only several ranks tell apart, at ~30 s per surviving mutant
     ("losses", ["losses.py"], ["tests/test_rewards_losses.py", "tests/test_errors.py"]),
     ("packed", ["packed.py"], ["tests/test_packed.py"]),
+    # the shared checks and the statistics (issue 25): their own tests, not the fuzz suite (a worker process per call)
+    ("checks", ["_checks.py"], ["tests/test_hardening_checks.py", "tests/test_hardening_numerics.py",
+                                "tests/test_hardening_fuzz_findings.py", "tests/test_errors.py"]),
+    ("stats", ["stats.py"], ["tests/test_stats.py", "tests/test_hardening_numerics.py",
+                             "tests/test_hardening_fuzz_findings.py"]),
     ("integrations", ["integrations/verl.py", "integrations/openrlhf.py", "integrations/torchrl.py", "integrations/trl.py",
                       "integrations/_conventions.py", "integrations/_swap.py"],
      ["tests/test_integrations.py", "tests/test_torchrl_gae.py", "tests/test_mutants_integrations.py"]),

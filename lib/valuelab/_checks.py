@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -556,8 +557,8 @@ def require_finite_result(x: Union[torch.Tensor, float], name: str, why: str) ->
     variance of ``[1e308, -1e308]``, a policy ratio :math:`e^{1000}`) is an
     error naming the argument responsible, never an inf returned.
     """
-    if isinstance(x, torch.Tensor):
-        ok = (not x.numel()) or bool(torch.isfinite(x.detach()).all())
+    if isinstance(x, torch.Tensor):  # one reduction when the sum is finite (then every entry is), else every entry
+        ok = sum_is_finite(x) or bool(torch.isfinite(x.detach()).all())
     else:
         ok = math.isfinite(x)
     if not ok:
@@ -619,8 +620,6 @@ def memory_total(device: Union[str, torch.device] = "cpu") -> int:
     The machine's size, not what happens to be free now: a size check
     against it gives the same verdict whatever else the machine is doing.
     """
-    import os
-
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
@@ -678,7 +677,6 @@ def env_switch(var: str, default: bool) -> bool:
     accepted, and ``default`` is kept (a typo in a switch read at import
     must not make ``import valuelab`` fail).
     """
-    import os
     import warnings
 
     raw = os.environ.get(var)

@@ -42,8 +42,10 @@ def _entry(rank: int, fn: Callable, world: int, init_file: str, out_dir: str, ar
         dist.destroy_process_group()
 
 
-MAX_RANKS = 64
-"""The most ranks :func:`run_on_ranks` starts: each is a process of this machine (a bound, not a tuning knob)."""
+MAX_RANKS = max(4, os.cpu_count() or 1)
+"""The most ranks :func:`run_on_ranks` starts: one process per CPU core of this machine, at least 4 (chapter 14
+runs 2, 3 and 4 ranks). More would only share the cores; the bound keeps a large ``world_size`` from forking
+the machine to a halt."""
 
 
 def run_on_ranks(fn: Callable, world_size: int, *args: Any) -> List[Any]:

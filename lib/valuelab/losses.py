@@ -232,7 +232,7 @@ def masked_whiten(
     mw = _wide(m)
     if not shift_mean:
         out = out + mean
-    return (_valid(out, mw) * mw).to(x.dtype)
+    return _valid(out, mw).to(x.dtype)
 
 
 def _whiten_everywhere(x: torch.Tensor, m: torch.Tensor, eps: float, unbiased: bool, mask_name: str):
@@ -241,10 +241,10 @@ def _whiten_everywhere(x: torch.Tensor, m: torch.Tensor, eps: float, unbiased: b
     Taken on the scale :math:`s` of the largest valid :math:`|x|`
     (:func:`_scale`), so no finite input overflows on the way; where
     :math:`\sigma^2 + \epsilon = 0` (every valid entry the same, ``eps`` 0)
-    the result is the centred values, never NaN. A masked entry so far from
-    the valid ones that its whitened value overflows float64 is a
-    ValueError naming ``x``. Raises ValueError naming ``mask_name`` when too
-    few entries are valid.
+    the result is the centred values, never NaN. A masked entry far from
+    the valid ones may whiten to inf: :func:`masked_whiten` zeroes masked
+    entries, :func:`valuelab.integrations.verl.whiten` refuses the overflow.
+    Raises ValueError naming ``mask_name`` when too few entries are valid.
     """
     count = m.sum()
     if unbiased and count < 2:

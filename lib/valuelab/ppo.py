@@ -147,7 +147,7 @@ def group_advantages(returns: torch.Tensor, group: torch.Tensor, *, normalise: b
         return _group_advantages_scaled(returns, label, n, normalise, eps)
     var = torch.zeros_like(n).index_add_(0, label, centred * centred) / (n - 1).clamp(min=1)
     sd = var.sqrt() + eps
-    if bool(torch.isfinite(sd).all()) and bool((sd > 0).all()):
+    if bool((torch.isfinite(sd) & (sd > 0)).all()):  # one sync on the direct path
         return centred / sd[label]
     return _group_advantages_scaled(returns, label, n, normalise, eps)  # an overflow, or 0/0: take the safe path
 
