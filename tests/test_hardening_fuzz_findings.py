@@ -470,3 +470,24 @@ def test_mean_ci_reads_negative_views():
     """``z.conj().imag`` is a view with the negative bit set: numpy() refused it (RuntimeError) before."""
     z = torch.tensor([1 + 2j, 3 + 1j, 0 + 5j], dtype=torch.complex128).conj().imag  # float64: .double() keeps the bit
     assert stats.mean_ci(z).mean == pytest.approx(-8 / 3)
+
+
+@pytest.mark.parametrize("clip_range", [None, 0.2])
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_value_loss_gradient_is_zero_not_nan_at_a_huge_masked_return(aggregation, clip_range):
+    """A masked return of 1e308: ``2 (V - G)`` overflows to -inf, and the masked gradient was 0 * inf = NaN."""
+    v = torch.zeros(1, 3, dtype=F64, requires_grad=True)
+    g = torch.tensor([[0.0, 1.0, 1e308]], dtype=F64)
+    m = torch.tensor([[True, True, False]])
+    losses.value_loss(v, g, mask=m, old_values=torch.zeros_like(g), clip_range=clip_range,
+                      aggregation=aggregation).backward()
+    assert torch.isfinite(v.grad).all() and float(v.grad[0, 2]) == 0.0
+    assert float(v.grad[0, 1]) == pytest.approx(-1.0 if aggregation == "seq-mean-token-sum" else -0.5)
+
+
+def test_explained_variance_of_equal_targets_is_undefined_at_any_magnitude():
+    """Six equal targets of 1.77e16: the one-pass mean was an ulp off, so the 'spread' was positive and an EV came back."""
+    t = torch.full((6,), 1.7736693088322292e16, dtype=F64)
+    with pytest.raises(ValueError, match="target"):
+        transformer.explained_variance(t.clone(), t, torch.ones(6, dtype=torch.bool), dim=0)
+    assert float(losses.masked_var(t, torch.ones(6, dtype=torch.bool), unbiased=False)) == 0.0

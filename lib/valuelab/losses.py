@@ -76,6 +76,7 @@ def _var_scaled(x: torch.Tensor, m: torch.Tensor, dim: Optional[int] = None, unb
     keep = {} if dim is None else {"dim": dim, "keepdim": True}
     n = m.sum(**keep)
     mean = xs.sum(**keep) / n.clamp(min=1)
+    mean = mean + _valid(xs - mean, m).sum(**keep) / n.clamp(min=1)  # corrected two-pass mean: equal entries have 0 spread
     centred = _valid(xs - mean, m)
     return (centred * centred).sum(**keep) / (n - 1 if unbiased else n).clamp(min=1), s
 
@@ -347,7 +348,9 @@ def value_loss(
     m = _mask_for(values, mask)
     old_values = optional_like(old_values, "old_values", values, "values")
     check_aggregation(aggregation)
-    sq = (values - returns) ** 2
+    # masked errors are zeroed before squaring: a huge masked return would
+    # otherwise give 0 * inf = NaN in the gradient of the masked entry
+    sq = _valid(values - returns, m) ** 2
     if clip_range is not None:
         c = check_nonnegative_scalar(clip_range, "clip_range")
         if old_values is None:
@@ -355,7 +358,7 @@ def value_loss(
         old = old_values.detach()
         c = within_dtype(c, values.dtype)  # a clip range past the dtype's largest float clips nothing
         clipped = old + (values - old).clamp(-c, c)
-        sq = torch.maximum(sq, (clipped - returns) ** 2)
+        sq = torch.maximum(sq, _valid(clipped - returns, m) ** 2)
     if group is None and global_count is None:
         loss = 0.5 * _aggregate(sq, m, aggregation)
     else:
