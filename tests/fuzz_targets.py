@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import types
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -2979,3 +2980,37 @@ FACTORIES: Dict[str, Callable[..., Any]] = {
     "fake_verl": _fake_verl,
     "fake_maker": _fake_maker,
 }
+
+
+CELLS = st.one_of(st.text(max_size=8), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                  st.sampled_from([True, None, b"x", "a|b", "two\nlines", np.float32(1.5), np.int64(3)]))
+
+
+@target("valuelab.stats.markdown_table")
+def _markdown_table(draw, ex):
+    cols = draw(st.integers(0 if ex else 1, 4))
+    header = draw(st.lists(st.one_of(st.text(max_size=6), st.just(1)) if ex else st.text("abc |", min_size=1, max_size=6),
+                           min_size=cols, max_size=cols))
+    rows = draw(st.lists(st.lists(CELLS if ex else st.one_of(st.text("xyz |", max_size=5), st.integers(-99, 99)),
+                                  min_size=max(0, cols - bool(ex and draw(st.booleans()))), max_size=cols), max_size=4))
+    shape = draw(st.sampled_from(["list", "tuple", "str"] if ex else ["list", "tuple"]))
+    header = tuple(header) if shape == "tuple" else ("abc" if shape == "str" else header)
+    return {"header": header, "rows": rows}
+
+
+def _markdown_table_oracle(a: Args, out: Any) -> None:
+    header, rows = a.kw["header"], a.kw["rows"]
+    expect(isinstance(header, (list, tuple)) and len(header) > 0 and all(isinstance(h, str) for h in header),
+           f"accepted header={header!r:.80}")
+    ok = lambda x: isinstance(x, (str, numbers.Real)) and not isinstance(x, (bool, np.bool_))  # noqa: E731
+    expect(all(len(r) == len(header) and all(ok(x) and "\n" not in str(x) for x in r) for r in rows),
+           f"accepted rows={rows!r:.120}")
+    lines = out.split("\n")
+    expect(len(lines) == len(rows) + 2, f"{len(lines)} lines for {len(rows)} rows")
+    for line in lines:  # one unescaped pipe per cell boundary
+        expect(len(re.findall(r"(?<!\\)\|", line)) == len(header) + 1, f"line {line!r:.80} has the wrong cell count")
+    for r, line in zip(rows, lines[2:]):
+        expect(line == "| " + " | ".join(str(x).replace("|", "\\|") for x in r) + " |", f"row {line!r:.80}")
+
+
+TARGETS["valuelab.stats.markdown_table"].oracle = _markdown_table_oracle

@@ -509,3 +509,10 @@ REGRESSIONS["valuelab.distributed.batch_statistics"] += [  # "x: its variance ex
        returns=T((1, 6), F32, (-2082734475649441.0, -3.921851634979248, -2082734475649441.0, -3.3943231105804443,
                                -2082734475649441.0, -3.921851634979248)),
        old=T((1, 6), F32, (-0.0, -3.921851634979248)), mask=T((1, 6), "bool", (True,)), group=None, clip_range=0.2)]
+REGRESSIONS["valuelab.distributed.batch_statistics"].append(  # a masked return of 1e308: 0 * inf = NaN in the gradient
+    _c("valuelab.distributed.batch_statistics", "extreme", values=T((1, 3), "float64", (0.0,)),
+       returns=T((1, 3), "float64", (0.0, 1.0, 1e308)), old=T((1, 3), "float64", (0.0,)),
+       mask=T((1, 3), "bool", (True, True, False)), group=None, clip_range=0.2))
+REGRESSIONS["valuelab.transformer.explained_variance"].append(  # equal targets of 1.77e16: an ulp of spread from the mean
+    _c("valuelab.transformer.explained_variance", "valid", prediction=T((6,), "float64", (1.7736693088322292e+16,)),
+       target=T((6,), "float64", (1.7736693088322292e+16,)), mask=T((6,), "bool", (True,)), dim=0))

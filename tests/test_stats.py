@@ -115,3 +115,17 @@ def test_equivalence_is_not_the_95_interval_containing_zero():
         equivalence(many, 0.0)
     with pytest.raises(ValueError, match="alpha"):
         equivalence(many, 0.003, alpha=0.5)
+
+
+def test_markdown_table_exact_text_and_refusals():
+    from valuelab.stats import markdown_table
+
+    assert markdown_table(("arm", "gap"), [["a|b", 0.5], ("c", 3)]) == (
+        "| arm | gap |\n|---|---|\n| a\\|b | 0.5 |\n| c | 3 |")
+    assert markdown_table(["x"], []) == "| x |\n|---|"
+    for header, rows, err, name in [("ab", [], TypeError, "header"), ([], [], ValueError, "header"),
+                                    ([1], [], TypeError, r"header\[0\]"), (["a"], "r", TypeError, "rows"),
+                                    (["a"], [[1, 2]], ValueError, r"rows\[0\]"), (["a"], [[True]], TypeError, r"rows\[0\]\[0\]"),
+                                    (["a"], [["x\ny"]], ValueError, r"rows\[0\]\[0\]"), (["a"], ["xy"], TypeError, r"rows\[0\]")]:
+        with pytest.raises(err, match=rf"^{name}"):
+            markdown_table(header, rows)

@@ -50,7 +50,7 @@ from .advantages import DecoupledGAE, GAEResult, decoupled_gae, gae, length_adap
 from .losses import masked_mean, masked_whiten, value_loss, value_loss_stats
 from .returns import discounted_returns, nstep_returns, td_targets
 from .rewards import kl_penalty, kl_shaped_rewards, last_token_onehot
-from .runtime import pick_device, seed_everything
+from .runtime import BOOK_STYLE, pick_device, seed_everything
 from .stats import Interval, mean_ci, paired_ci
 
 __version__ = "0.1.0"
@@ -74,6 +74,7 @@ __all__ = [
     "value_loss_stats",
     "pick_device",
     "seed_everything",
+    "BOOK_STYLE",
     "Interval",
     "mean_ci",
     "paired_ci",

@@ -10,7 +10,20 @@ import torch
 
 from ._checks import check_seed
 
-__all__ = ["pick_device", "seed_everything"]
+__all__ = ["BOOK_STYLE", "pick_device", "seed_everything"]
+
+BOOK_STYLE = {
+    "figure.dpi": 100, "savefig.dpi": 100, "figure.figsize": (6.8, 3.4),
+    "font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10,
+    "legend.fontsize": 9, "xtick.labelsize": 9, "ytick.labelsize": 9, "legend.framealpha": 0.85,
+}
+"""Matplotlib settings of every figure of the book: ``plt.rcParams.update(vl.BOOK_STYLE)``.
+
+A figure 6.8 inches wide at 100 dpi is 680 pixels, the width of the book's
+text column at 1280 px, so it is shown at full size and a 9-point label
+stays 9 points on the page (tests/test_browser.py checks the scale); a
+two-panel row is drawn within that width, or its panels are stacked.
+"""
 
 
 def pick_device() -> torch.device:

@@ -34,7 +34,7 @@ import torch
 
 from ._checks import dense, real_number
 
-__all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "equivalence", "Equivalence", "pm"]
+__all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "equivalence", "Equivalence", "pm", "markdown_table"]
 
 ArrayLike = Union[Sequence[float], np.ndarray, torch.Tensor]
 
@@ -309,3 +309,42 @@ def pm(ci: Interval, decimals: int = 2) -> str:
         raise ValueError(f"decimals must be an integer in [0, 100], got {decimals!r:.80}")
     decimals = int(decimals)
     return f"{round(ci.mean, decimals) + 0.0:.{decimals}f} ± {ci.half:.{decimals}f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown (GFM/MyST) table: how chapters show a result as an HTML table, glued with ``{glue:md}`` (issue 26).
+
+    ``header``: the column titles, a non-empty sequence of strings. ``rows``:
+    a sequence of rows, each with one cell per column; a cell is a string or
+    a number (``str()`` of it: round numbers before, e.g. with :func:`pm`).
+    A ``|`` inside a cell is escaped; a line break in a cell, a row of the
+    wrong length or a cell of another type is a ValueError or TypeError
+    naming ``header`` or ``rows``.
+    """
+    if isinstance(header, (str, bytes)) or not isinstance(header, Sequence):
+        raise TypeError(f"header must be a sequence of strings, got {type(header).__name__}")
+    if not len(header):
+        raise ValueError("header must name at least one column")
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise TypeError(f"rows must be a sequence of rows, got {type(rows).__name__}")
+
+    def cell(x: object, where: str) -> str:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (str, numbers.Real)):
+            raise TypeError(f"{where} must be a string or a real number, got {type(x).__name__}")
+        text = x if isinstance(x, str) else str(x)
+        if "\n" in text or "\r" in text:
+            raise ValueError(f"{where} holds a line break: a table cell is one line")
+        return text.replace("|", "\\|")
+
+    for j, h in enumerate(header):
+        if not isinstance(h, str):
+            raise TypeError(f"header[{j}] must be a string, got {type(h).__name__}")
+    head = [cell(h, f"header[{j}]") for j, h in enumerate(header)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for i, row in enumerate(rows):
+        if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
+            raise TypeError(f"rows[{i}] must be a sequence of cells, got {type(row).__name__}")
+        if len(row) != len(head):
+            raise ValueError(f"rows[{i}] has {len(row)} cells, header has {len(head)} columns")
+        lines.append("| " + " | ".join(cell(x, f"rows[{i}][{j}]") for j, x in enumerate(row)) + " |")
+    return "\n".join(lines)
