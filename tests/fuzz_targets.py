@@ -1437,6 +1437,8 @@ def _verl_oracle(a: Args, out: Any) -> None:
     var = float(((raw - mean) ** 2 * m).sum() / (m.sum() - 1))
     if var < 1e-6:  # no spread: verl's mean (over mask.sum() + 1e-8) leaves a residue that its 1e-8 then amplifies
         return
+    if math.sqrt(var) <= tol:  # a spread below the inputs' rounding (65504 next to 9e15 in float32): whitening
+        return                 # divides by rounding noise, and no answer in the dtype is more right than another
     gain = 1 / math.sqrt(var + 1e-8)
     # verl's masked_mean divides by mask.sum() + 1e-8: its mean is off by |mean| 1e-8 / n, whitened by the gain
     slack = 1e-7 * gain * (1 + np.abs(adv.numpy())) + 2e-8 * abs(mean) * gain
@@ -2105,7 +2107,7 @@ def _sample_oracle(a: Args, batch: Any) -> None:
             expect(isinstance(g, numbers.Integral) and not isinstance(g, (bool, np.bool_)) and 0 <= g <= 2**63 - 1,
                    f"accepted the generator seed {g!r}")
     ro = batch.rollout
-    B = R * P * G
+    B = R * P * int(G)  # int: np.int8(34) * 9 wraps around to 50 in numpy's arithmetic
     expect(tuple(ro.tokens.shape[:1]) == (B,), f"{ro.tokens.shape[0]} rows, expected {B}")
     tokens, m = ro.tokens.cpu().numpy(), ro.mask.cpu().numpy()
     lengths = m.sum(-1)

@@ -153,6 +153,48 @@ return [...document.querySelectorAll("main .cell_input, main div.highlight")]
 """
 
 
+# Issue 26: results must fit the column. An output block or a table wider than its column is cut (or needs
+# sideways scrolling) at 1280 px: forbidden there; on a phone it must at least scroll, never be cut.
+WIDE_BLOCKS = """
+const col = (document.querySelector("main article") || document.querySelector("main")).getBoundingClientRect();
+const out = [];
+document.querySelectorAll("main .cell_output pre, main .output pre, main table").forEach(e => {
+  if (e.offsetParent === null) return;  // inside a collapsed dropdown
+  const r = e.getBoundingClientRect();
+  const over = Math.max(e.scrollWidth - e.clientWidth, r.right - col.right);
+  if (over <= 1) return;
+  let scroll = false;
+  for (let p = e; p && p.tagName !== "MAIN"; p = p.parentElement) {
+    const o = getComputedStyle(p).overflowX;
+    if ((o === "auto" || o === "scroll") && p.getBoundingClientRect().right <= col.right + 1) { scroll = true; break; }
+  }
+  out.push({tag: e.tagName, over: Math.round(over), scroll, text: e.innerText.slice(0, 60)});
+});
+return out;
+"""
+
+# A figure shown much smaller than drawn has unreadable labels: at 1280 px each figure must be shown at 80% of
+# its drawn size or more (vl.BOOK_STYLE draws them 680 px wide, the column's width).
+FIGURE_SCALE = """
+return [...document.querySelectorAll("main img")].filter(i => /_images\//.test(i.src) && i.naturalWidth > 0)
+  .map(i => ({src: i.getAttribute("src").split("/").pop().slice(0, 12), scale: i.width / i.naturalWidth}));
+"""
+
+# The equation number sits outside the box that scrolls, so a long equation never runs under it.
+EQNO_OVERLAP = """
+const out = [];
+document.querySelectorAll("main div.math").forEach(div => {
+  const eqno = div.querySelector(".eqno"), box = div.querySelector("mjx-container");
+  if (!eqno || !box) return;
+  const a = eqno.getBoundingClientRect(), b = box.getBoundingClientRect();
+  const overlap = Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1 && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+  if (overlap) out.push(eqno.textContent.trim());
+});
+return out;
+"""
+
+PAGE_WIDTH = "return document.documentElement.scrollWidth;"
+
 WIDTHS = {"desktop": 1280, "phone": 390}
 RAW_TEX = re.compile(r"\\(?:frac|sum|mathbb|mathrm|hat|left|right|gamma|lambda|delta|qquad|quad|le|ge|text|begin|end)\b"
                      r"|\$[^$\n]{2,}\$")
@@ -185,5 +227,17 @@ def test_page_renders(site, browser, page, width):
     else:
         cut = [w for w in wide if not w["scroll"]]
         assert not cut, f"{page}: display equations cut on a phone (no horizontal scroll): {cut}"
-    shown = [c for c in browser.execute_script(VISIBLE_CODE) if "glue(" in c]
-    assert not shown, f"{page}: a code cell showing glue(...) calls to the reader: {shown[0][:200]!r}"
+    shown = [c for c in browser.execute_script(VISIBLE_CODE) if "glue(" in c or "myst_nb" in c]
+    assert not shown, f"{page}: a code cell showing glue(...) or its import to the reader: {shown[0][:200]!r}"
+    blocks = browser.execute_script(WIDE_BLOCKS)
+    if width == "desktop":
+        assert not blocks, f"{page}: output blocks or tables wider than the column at 1280 px: {blocks[:4]}"
+        small = [f for f in browser.execute_script(FIGURE_SCALE) if f["scale"] < 0.8]
+        assert not small, f"{page}: figures shown below 80% of their drawn size (labels too small): {small}"
+    else:
+        cut = [b for b in blocks if not b["scroll"]]
+        assert not cut, f"{page}: output blocks or tables cut on a phone (no horizontal scroll): {cut[:4]}"
+    under = browser.execute_script(EQNO_OVERLAP)
+    assert not under, f"{page}: equation numbers drawn over their equations at {width}: {under[:6]}"
+    if page == "api":
+        assert browser.execute_script(PAGE_WIDTH) <= WIDTHS[width] + 1, f"api page pans sideways at {width}"

@@ -516,3 +516,23 @@ REGRESSIONS["valuelab.distributed.batch_statistics"].append(  # a masked return 
 REGRESSIONS["valuelab.transformer.explained_variance"].append(  # equal targets of 1.77e16: an ulp of spread from the mean
     _c("valuelab.transformer.explained_variance", "valid", prediction=T((6,), "float64", (1.7736693088322292e+16,)),
        target=T((6,), "float64", (1.7736693088322292e+16,)), mask=T((6,), "bool", (True,)), dim=0))
+REGRESSIONS["valuelab.integrations.verl.compute_gae_advantage_return"] = REGRESSIONS.get(
+    "valuelab.integrations.verl.compute_gae_advantage_return", []) + [  # the oracle's: a spread below float32's rounding
+    _c("valuelab.integrations.verl.compute_gae_advantage_return", "extreme",
+       token_level_rewards=T((2, 3), F32, (65504.0,)),
+       values=T((2, 3), F32, (9090588527007092.0, 9090588527007092.0, 65504.0, 65504.0, 9090588527007092.0,
+                               9090588527007092.0)),
+       response_mask=T((2, 3), "bool", (True, True, False, False, True, False)), gamma=1, lam=1)]
+REGRESSIONS["valuelab.policy.sample_responses"] = REGRESSIONS.get("valuelab.policy.sample_responses", []) + [
+    # the oracle's: 9 * np.int8(34) rows wrapped around to 50 in its own int8 arithmetic
+    _c("valuelab.policy.sample_responses", "hostile",
+       world=O("world", (dict(n_prompts=3, vocab_size=3, max_len=4, eos_range=(0.14581842197392628, 0.9101148229678759),
+                              beta=0.0, gamma=0.0, logit_scale=0.0, seed=242436, max_count=5),)),
+       probs=O("probs", (O("world", (dict(n_prompts=3, vocab_size=3, max_len=4, eos_range=(0.14581842197392628, 0.9101148229678759),
+                                          beta=0.0, gamma=0.0, logit_scale=0.0, seed=242436, max_count=5),)),
+                         (3,), "ref", 27761, "torch32")),
+       samples_per_prompt=np.int8(34), generators=[np.int64(303), 2104, np.int64(6768974)], evaluation=None,
+       dtype=torch.float32)]
+REGRESSIONS["valuelab.stats.paired_ci"] = REGRESSIONS.get("valuelab.stats.paired_ci", []) + [  # a meta tensor in the list
+    _c("valuelab.stats.paired_ci", "hostile", a=[0.5, torch.tensor(2, dtype=torch.int16, device="meta"), 1.5],
+       b=[1.0, 2.0, 3.0], level=0.95)]

@@ -491,3 +491,9 @@ def test_explained_variance_of_equal_targets_is_undefined_at_any_magnitude():
     with pytest.raises(ValueError, match="target"):
         transformer.explained_variance(t.clone(), t, torch.ones(6, dtype=torch.bool), dim=0)
     assert float(losses.masked_var(t, torch.ones(6, dtype=torch.bool), unbiased=False)) == 0.0
+
+
+def test_a_meta_tensor_inside_a_sample_list_is_refused_by_name():
+    """NotImplementedError "Cannot copy out of meta tensor" before: a 0-d meta tensor in the list was copied out of."""
+    with pytest.raises(ValueError, match=r"^b\[1\]"):
+        stats.paired_ci([1.0, 2.0, 3.0], [1.0, torch.tensor(2, dtype=torch.int16, device="meta"), 0.5])

@@ -131,3 +131,33 @@ def test_introduction_lists_every_proposition_with_its_status():
     assert set(rows) == set(props), (sorted(set(props) - set(rows)), sorted(set(rows) - set(props)))
     wrong = {label: (rows[label], kind) for label, (_, kind) in props.items() if rows[label] != kind}
     assert not wrong, wrong
+
+
+ANSWER_BOX = re.compile(r"^(`{3,}|:{3,})\{admonition\} The question and the answer\n:class: [^\n]*\btip\b[^\n]*\n(.*?)^\1\s*$",
+                        re.S | re.M)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_answers_first_and_summarises(path):
+    """Issue 26: under the title, a short box with the question and the measured answer; a Summary before the exercises.
+
+    The box is the first thing after the title line; it asks one question in bold and answers it with at least one
+    number glued from the computation (``{glue:text}``), in at most 170 words. The chapter ends with a ``## Summary``
+    section placed before ``## Exercises``.
+    """
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    first = "".join(nb["cells"][0]["source"])
+    after_title = re.split(r"^# .+\n", first, maxsplit=1, flags=re.M)
+    assert len(after_title) == 2, f"{path.name}: the first cell must hold the chapter's title"
+    box = ANSWER_BOX.match(after_title[1].lstrip("\n"))
+    assert box, f"{path.name}: the first thing under the title must be the 'The question and the answer' box"
+    body = box.group(2)
+    assert re.search(r"\*\*[^*]+\?\*\*", body), f"{path.name}: the box must ask its question in bold"
+    assert re.search(r"\{glue(?::text)?\}`[\w-]+`", body), f"{path.name}: the box's answer needs a glued number"
+    words = len(re.sub(r"\{[\w:-]+\}`[^`]*`", "x", body).split())
+    assert words <= 170, f"{path.name}: the answer box has {words} words (at most 170: it must fit the first screen)"
+    md = [("".join(c["source"])) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    heads = [h for cell in md for h in re.findall(r"^## (.+)$", cell, re.M)]
+    assert "Summary" in heads, f"{path.name}: needs a '## Summary' section"
+    if "Exercises" in heads:
+        assert heads.index("Summary") < heads.index("Exercises"), f"{path.name}: the Summary comes before the Exercises"

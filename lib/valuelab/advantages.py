@@ -10,6 +10,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
+from ._docs import padded_conventions
 from ._checks import check_nonnegative_scalar, dense, renamed
 from ._fastscan import fast_backward_scan, time_invariant_decay
 from ._problem import Problem, check_outputs, solve, validate
@@ -29,6 +30,7 @@ class GAEResult(NamedTuple):
     """:math:`\\hat G_t = \\hat A_t + V_\\text{old}(s_t)`, the λ-return, used to train the critic."""
 
 
+@padded_conventions("the TD errors")
 def td_errors(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -42,6 +44,15 @@ def td_errors(
     At the last valid token :math:`V(s_{T+1})` is ``bootstrap`` (0 after EOS),
     so :math:`\delta_T = r_T - V(s_T)`. Masked tokens are skipped and get 0.
     Arguments as in :func:`valuelab.discounted_returns`.
+
+    {conventions}
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> r, v = torch.tensor([0., 0., 1.]), torch.tensor([0.5, 0.6, 0.8])
+        >>> vl.td_errors(r, v)  # r_t + V(s_{t+1}) - V(s_t); V(s_3) = 0
+        tensor([0.1000, 0.2000, 0.2000])
     """
     p = validate(rewards, values, mask, gamma, bootstrap, need_values=True)
     c = compact(p)
@@ -50,6 +61,7 @@ def td_errors(
     return y
 
 
+@padded_conventions("the advantages and the returns")
 def gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -76,12 +88,22 @@ def gae(
     No Python loop over tokens: for numeric ``gamma`` and ``lam``, on a CPU,
     one pass of a C kernel (:mod:`valuelab._native`, :eq:`eq-fast-vector-scan`
     of chapter 9); on a GPU or without a C compiler the λ-return is scanned
-    in blocks by matrix products (``valuelab._fastscan.fused_returns``,
+    in blocks by matrix products (``valuelab._blocked.fused_returns``,
     :eq:`eq-fast-lambda-return` and :eq:`eq-fast-block`); for tensor
-    ``gamma`` or ``lam`` the TD errors are
-    (``valuelab._fastscan.fast_backward_scan``); ``valuelab._scan.fused``
-    chooses. The results equal the
+    ``gamma`` or ``lam``, a dtype other than float32/64, or inputs that
+    need gradients, the TD errors are scanned by
+    ``valuelab._fastscan.fast_backward_scan``;
+    :func:`valuelab._problem.solve` chooses. The results equal the
     recursion's to float rounding.
+
+    {conventions}
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> r, v = torch.tensor([0., 0., 1.]), torch.tensor([0.5, 0.6, 0.8])
+        >>> vl.gae(r, v, gamma=1.0, lam=1.0)  # λ = 1: Monte-Carlo returns
+        GAEResult(advantages=tensor([0.5000, 0.4000, 0.2000]), returns=tensor([1., 1., 1.]))
     """
     p = validate(rewards, values, mask, gamma, bootstrap, lam, need_values=True)
     adv, ret = solve(p, _general_gae)
@@ -109,6 +131,7 @@ class DecoupledGAE(NamedTuple):
     """:math:`\\hat G_t` with :math:`\\lambda_\\text{critic}`, used to train the critic."""
 
 
+@padded_conventions("the advantages and the returns")
 def decoupled_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -127,6 +150,15 @@ def decoupled_gae(
     :math:`\lambda_\text{actor}<1`. ``lam_actor`` may be per sequence, e.g.
     :func:`length_adaptive_lam`. Both outputs come from :func:`gae`; other
     arguments as there.
+
+    {conventions}
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> r, v = torch.tensor([0., 0., 1.]), torch.tensor([0.5, 0.6, 0.8])
+        >>> vl.decoupled_gae(r, v, lam_actor=0.0, lam_critic=1.0)
+        DecoupledGAE(advantages=tensor([0.1000, 0.2000, 0.2000]), returns=tensor([1., 1., 1.]))
     """
     kw = dict(mask=mask, gamma=gamma, bootstrap=bootstrap)
     return DecoupledGAE(renamed(lambda: gae(rewards, values, lam=lam_actor, **kw), "lam", "lam_actor").advantages,
@@ -142,6 +174,21 @@ def length_adaptive_lam(lengths: torch.Tensor, alpha: float = 0.05) -> torch.Ten
     :math:`\sum_l \lambda^l \approx \alpha l`, the effective horizon, a fixed
     fraction of the length, so :math:`\lambda^l \to e^{-1/\alpha}`: the
     relative decay is fixed, not removed.
+
+    Conventions: :math:`l` counts the *valid* (generated) tokens of a row,
+    ``mask.sum(-1)`` for a ``(B, T)`` mask, not the padded width ``T``; the
+    ``(B, 1)`` result broadcasts along time, one λ per sequence, into
+    :func:`gae` or :func:`decoupled_gae` (``lam_actor``), whose conventions
+    (``values[..., t]`` is :math:`V(s_t)`, the score on the last valid token,
+    ``bootstrap``) are the ones that apply.
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> lengths = torch.tensor([10, 100])  # generated tokens per sequence
+        >>> vl.length_adaptive_lam(lengths, alpha=0.5)  # 1 - 1/(0.5 l)
+        tensor([[0.8000],
+                [0.9800]])
     """
     if not isinstance(lengths, torch.Tensor):
         raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")

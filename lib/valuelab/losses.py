@@ -120,6 +120,18 @@ def masked_mean(
     are then all-reduced over its ranks, so every rank gets the mean of the
     whole data-parallel batch (``dim`` must be None); the gradient reaches
     this rank's entries only.
+
+    Conventions: ``mask`` is 1/True on the tokens the policy generated
+    (bool or real 0/1, ``x``'s shape); padding and holes never enter the
+    sum nor the count. Nothing is detached: the mean carries ``x``'s
+    gradient.
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> x, mask = torch.tensor([1., 2., 99.]), torch.tensor([1, 1, 0])
+        >>> vl.masked_mean(x, mask)  # the padding's 99 is not counted
+        tensor(1.5000)
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
@@ -152,8 +164,18 @@ def masked_var(
     Computed in float64; returned in ``x``'s dtype. ``group``: over the whole
     data-parallel batch, as in :func:`valuelab.masked_mean`.
 
+    Conventions: ``mask`` is 1/True on the tokens the policy generated;
+    padding and holes never enter the statistics. Nothing is detached.
+
     Raises:
         ValueError: fewer than two valid entries with ``unbiased`` (none without).
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> x, mask = torch.tensor([1., 2., 99.]), torch.tensor([1, 1, 0])
+        >>> vl.losses.masked_var(x, mask)  # unbiased, valid entries only
+        tensor(0.5000)
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
@@ -213,8 +235,21 @@ def masked_whiten(
     and OpenRLHF whiten; ``unbiased=False`` divides the variance by
     :math:`n` instead of :math:`n - 1`.
 
+    Conventions: ``mask`` is 1/True on the tokens the policy generated;
+    padding and holes never enter the statistics. Nothing is detached:
+    whitening advantages that carry the critic's gradient (:func:`valuelab.gae`
+    given the live critic's ``values``, the PPO trap) keeps that gradient;
+    whiten detached advantages.
+
     Raises:
         ValueError: fewer than two valid entries (the unbiased variance is undefined).
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> adv, mask = torch.tensor([1., 3., 99.]), torch.tensor([1, 1, 0])
+        >>> vl.masked_whiten(adv, mask)  # mean 2, variance 2; padding: 0
+        tensor([-0.7071,  0.7071,  0.0000])
     """
     x = check_sequence_tensor(x, "x")
     m = _mask_for(x, mask)
@@ -281,6 +316,17 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "t
     dtype (a sum of ``[1e308, 1e308]``) is a ValueError naming ``per_token``.
     :func:`valuelab.value_loss` and :func:`valuelab.ppo.policy_loss` use
     the same reduction on inputs they have checked.
+
+    Conventions: ``mask`` is 1/True on the tokens the policy generated
+    (padding and holes are 0), the mask the per-token loss was computed
+    under; nothing is detached: the result carries ``per_token``'s gradient.
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> x, m = torch.tensor([[1., 3.], [5., 0.]]), torch.tensor([[1, 1], [1, 0]])
+        >>> vl.losses.aggregate(x, m, "seq-mean-token-mean")  # mean of 2 and 5
+        tensor(3.5000)
     """
     check_aggregation(aggregation)
     x = check_sequence_tensor(per_token, "per_token", finite=False)
@@ -319,6 +365,17 @@ def value_loss(
     With ``clip_range`` :math:`c` it is PPO's clipped form :eq:`eq-value-clip`
     :math:`\tfrac12\max\big((V-\hat G)^2, (\mathrm{clip}(V, V_\text{old}-c, V_\text{old}+c)-\hat G)^2\big)`.
 
+    Conventions: ``values[..., t]`` is :math:`V_\phi(s_t)`, the critic's value
+    of the prefix *before* token :math:`t`, aligned with ``returns[..., t]``
+    (the targets of :func:`valuelab.gae` or :func:`valuelab.td_targets`,
+    built with the same alignment, the score as the reward of the last valid
+    token, and ``bootstrap`` :math:`V(s_{T+1})`, 0 after EOS). Here
+    ``values`` is the live critic's output and *should* carry the gradient;
+    ``returns`` and ``old_values`` are detached by this function, so a
+    target built from the live critic pushes no gradient through the
+    target. The advantages are another matter: :func:`valuelab.gae` does not
+    detach, so build them from detached values (the PPO trap).
+
     Args:
         values: :math:`V_\phi(s_t)` from the critic being trained (carries the gradient).
         returns: targets :math:`\hat G_t` (treated as constants: they are detached).
@@ -342,6 +399,13 @@ def value_loss(
 
     Returns:
         A scalar tensor.
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> v, ret = torch.tensor([1., 2.], requires_grad=True), torch.zeros(2)
+        >>> vl.value_loss(v, ret)  # (1 + 4) / 2 tokens / 2
+        tensor(1.2500, grad_fn=<MulBackward0>)
     """
     values = check_sequence_tensor(values, "values")
     returns = check_like(returns, "returns", values, "values").detach()
@@ -416,12 +480,25 @@ def value_loss_stats(
     group: Any = None,
     global_count: Optional[float] = None,
 ) -> ValueLossStats:
-    """:func:`value_loss` with the value clip fraction and the explained variance, each over the whole batch with ``group`` (chapter 6 (:doc:`/chapters/06_value_loss`)).
+    r""":func:`value_loss` with the value clip fraction and the explained variance, each over the whole batch with ``group`` (chapter 6 (:doc:`/chapters/06_value_loss`)).
 
     Arguments as in :func:`value_loss`. The two statistics carry no gradient.
 
+    Conventions: as in :func:`value_loss`: ``values[..., t]`` is
+    :math:`V_\phi(s_t)`, the value of the prefix before token :math:`t`,
+    aligned with ``returns[..., t]``; ``mask`` is 1/True on generated tokens;
+    the loss carries the gradient of ``values``, ``returns`` and
+    ``old_values`` are detached.
+
     Raises:
         ValueError: the returns have no spread over the valid tokens (the explained variance is undefined).
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> v, ret = torch.tensor([0., 1.]), torch.tensor([0., 2.])
+        >>> vl.value_loss_stats(v, ret)  # EV = 1 - Var(ret - v) / Var(ret)
+        ValueLossStats(loss=tensor(0.2500), clip_fraction=tensor(0.), explained_variance=tensor(0.7500))
     """
     loss = value_loss(values, returns, mask=mask, old_values=old_values, clip_range=clip_range,
                       aggregation=aggregation, group=group, global_count=global_count)

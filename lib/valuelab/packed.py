@@ -111,6 +111,16 @@ def gae_packed(
 ) -> GAEResult:
     """:func:`valuelab.gae` (equation :eq:`eq-gae-recursion` of chapter 5) on a packed batch (chapter 11 (:doc:`/chapters/11_pitfalls`)).
 
+    Conventions: ``values[i]`` is :math:`V(s_t)` of the token at ``i``, the
+    value of its sequence's prefix *before* that token; the reward-model
+    score is the reward of each sequence's last token
+    (:func:`valuelab.kl_shaped_rewards`); ``bootstrap`` is
+    :math:`V(s_{T+1})`, one per sequence, shape ``(S,)``, read only where
+    ``truncated`` (a sequence that ended with EOS gets 0). Nothing is
+    detached: the live critic's output (``requires_grad``) as ``values``
+    makes the advantages and the returns carry its gradient, the PPO trap;
+    pass ``values.detach()``.
+
     Args:
         rewards, values: ``(N,)`` packed tokens.
         cu_seqlens: ``(S + 1,)`` cumulative lengths (see :func:`packing`).
@@ -121,6 +131,13 @@ def gae_packed(
 
     Returns:
         ``GAEResult`` of ``(N,)`` advantages and λ-returns, packed as the input.
+
+    Example::
+
+        >>> import torch, valuelab.packed as vp
+        >>> r, v = torch.tensor([0., 1., 2.]), torch.full((3,), 0.5)
+        >>> vp.gae_packed(r, v, torch.tensor([0, 2, 3]), lam=1.0)  # [0, 1] and [2]
+        GAEResult(advantages=tensor([0.5000, 0.5000, 1.5000]), returns=tensor([1., 1., 2.]))
     """
     rewards = check_sequence_tensor(rewards, "rewards")
     values = check_sequence_tensor(values, "values")
@@ -141,7 +158,23 @@ def discounted_returns_packed(
     truncated: Optional[torch.Tensor] = None,
     bootstrap: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """:func:`valuelab.discounted_returns` (equation :eq:`eq-mc-recursion` of chapter 1) on a packed batch; arguments as in :func:`gae_packed`."""
+    """:func:`valuelab.discounted_returns` (equation :eq:`eq-mc-recursion` of chapter 1) on a packed batch; arguments as in :func:`gae_packed`.
+
+    Conventions: the reward-model score is the reward of each sequence's
+    last token (:func:`valuelab.kl_shaped_rewards`); ``bootstrap`` is
+    :math:`V(s_{T+1})`, one per sequence, shape ``(S,)``, read only where
+    ``truncated`` (a sequence that ended with EOS gets 0). Nothing is
+    detached: a ``bootstrap`` from the live critic (``requires_grad``) gives
+    returns that carry its gradient; detach it when they are targets.
+
+    Example::
+
+        >>> import torch, valuelab.packed as vp
+        >>> r, cu = torch.tensor([0., 1., 2.]), torch.tensor([0, 2, 3])  # [0, 1] and [2]
+        >>> cut, v_next = torch.tensor([False, True]), torch.tensor([0., 0.5])
+        >>> vp.discounted_returns_packed(r, cu, truncated=cut, bootstrap=v_next)
+        tensor([1.0000, 1.0000, 2.5000])
+    """
     rewards = check_sequence_tensor(rewards, "rewards")
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be a 1-D packed tensor, got {tuple(rewards.shape)}")

@@ -13,6 +13,7 @@ from typing import Optional, Union
 
 import torch
 
+from ._docs import padded_conventions
 from ._checks import check_positive_int
 from ._fastscan import fast_backward_scan, time_invariant_decay
 from ._nstep import fast_nstep_returns
@@ -43,6 +44,17 @@ def discounted_returns(
     a numeric ``gamma`` on a CPU, one pass of the C kernel
     (:mod:`valuelab._native`), else the blocked scan of chapter 9.
 
+    Conventions: the reward-model score is the reward of the last valid
+    token (:func:`valuelab.kl_shaped_rewards` puts it there,
+    :func:`valuelab.last_token_onehot` finds the slot), so every :math:`G_t`
+    of a row contains its discounted score; ``bootstrap`` is
+    :math:`V(s_{T+1})`, the value after each row's last valid token: a float
+    for every row or a tensor of shape ``rewards.shape[:-1]`` (one per row),
+    default 0 (after EOS; give it for a response cut at the length limit).
+    Nothing is detached: a ``bootstrap`` read from the live critic
+    (``requires_grad``) gives returns that carry its gradient; detach it
+    when the returns are targets.
+
     Args:
         rewards: per-token rewards, shape ``(T,)`` or ``(B, T)``, float.
         mask: 1/True on generated tokens; masked tokens are skipped (no reward,
@@ -54,6 +66,13 @@ def discounted_returns(
 
     Returns:
         Tensor of ``rewards``' shape, dtype and device.
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> r = torch.tensor([0., 0., 1.])  # the score on the last token
+        >>> vl.discounted_returns(r, gamma=0.5)
+        tensor([0.2500, 0.5000, 1.0000])
     """
     p = validate(rewards, None, mask, gamma, bootstrap, need_values=False)
     return p.out(solve(p, _general_returns)[1])
@@ -71,6 +90,7 @@ def _general_returns(p: Problem):
     return None, c.packed.put(fast_backward_scan(x, d if k is None else k))
 
 
+@padded_conventions("the targets")
 def td_targets(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -84,6 +104,15 @@ def td_targets(
     ``values`` should come from the frozen (old) critic :math:`V_{\bar\phi}`.
     Past the last valid token :math:`V(s_{T+1})` is ``bootstrap``; masked
     tokens are skipped and get 0. Arguments as in :func:`discounted_returns`.
+
+    {conventions}
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> r, v = torch.tensor([0., 0., 1.]), torch.tensor([0.5, 0.6, 0.8])
+        >>> vl.td_targets(r, v, bootstrap=0.5)  # cut at the length limit
+        tensor([0.6000, 0.8000, 1.5000])
     """
     p = validate(rewards, values, mask, gamma, bootstrap, need_values=True)
     c = compact(p)
@@ -92,6 +121,7 @@ def td_targets(
     return y
 
 
+@padded_conventions("the returns")
 def nstep_returns(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -108,6 +138,15 @@ def nstep_returns(
     the discounted ``bootstrap``. Computed through
     :math:`G^{(k)}_t = r_t + \gamma_t G^{(k-1)}_{t+1}`, :math:`G^{(0)}_t = V(s_t)`.
     ``n = 1`` is :func:`td_targets`. Other arguments as in :func:`td_targets`.
+
+    {conventions}
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> r, v = torch.tensor([0., 0., 1.]), torch.tensor([0.5, 0.6, 0.8])
+        >>> vl.nstep_returns(r, v, 2)  # r_t + r_{t+1} + V(s_{t+2})
+        tensor([0.8000, 1.0000, 1.0000])
     """
     n = check_positive_int(n, "n")
     p = validate(rewards, values, mask, gamma, bootstrap, need_values=True)

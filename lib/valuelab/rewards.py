@@ -29,6 +29,21 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
     ``logprobs`` are :math:`\log\pi_\text{old}(a_t|s_t)` of the sampled tokens,
     ``ref_logprobs`` the reference model's log-probabilities of the same tokens.
+
+    Conventions: position :math:`t` is token :math:`a_t`, drawn in state
+    :math:`s_t` (the prefix before it), the alignment of ``values[..., t]``
+    in the estimators; no mask is applied here (padding gets whatever its
+    log-probabilities give: :func:`kl_shaped_rewards` zeroes it). Nothing is
+    detached: log-probabilities with ``requires_grad`` give a penalty that
+    carries their gradient; a reward is a constant, so pass the rollout's
+    detached log-probabilities.
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> logp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -2.0])
+        >>> vl.kl_penalty(logp, ref, "k1")  # log pi_old - log pi_ref
+        tensor([0.5000, 0.0000])
     """
     logprobs = check_sequence_tensor(logprobs, "logprobs")
     ref_logprobs = check_like(ref_logprobs, "ref_logprobs", logprobs, "logprobs")
@@ -63,6 +78,19 @@ def last_token_onehot(mask: torch.Tensor) -> torch.Tensor:
     (EOS), never the first padding slot after it (chapter 3, "where the score
     goes"). ``mask`` has shape ``(T,)`` or ``(B, T)`` and is bool or real
     0/1, as everywhere in the package.
+
+    Conventions: the mask may have holes (tool tokens); the slot is the last
+    *valid* token, wherever the padding starts. The estimators read the
+    score from that slot as the reward of the last valid token, and
+    ``bootstrap``, :math:`V(s_{T+1})`, is the value after it (0 after EOS).
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+        >>> vl.last_token_onehot(mask)
+        tensor([[False,  True, False],
+                [False, False,  True]])
     """
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
@@ -89,6 +117,16 @@ def kl_shaped_rewards(
 ) -> torch.Tensor:
     r"""Token rewards :math:`r_t = -\beta\,k(\rho_t) + [t = T]\, r_\text{RM}(x, y)`, equation :eq:`eq-kl-reward` of chapter 3.
 
+    Conventions: the score is the reward of the last valid token
+    (:func:`last_token_onehot`), the slot of EOS, never the first padding
+    slot; it then reaches every earlier position through the recursion of
+    :func:`valuelab.gae`, whose ``values[..., t]`` is :math:`V(s_t)`, the
+    value of the prefix before token :math:`t`, and whose ``bootstrap``
+    (:math:`V(s_{T+1})`, 0 after EOS) is the value after that slot. Nothing
+    is detached: inputs with ``requires_grad`` give rewards that carry their
+    gradient; rewards are constants of the PPO update, so build them from
+    the rollout's detached log-probabilities.
+
     Args:
         logprobs: :math:`\log\pi_\text{old}(a_t|s_t)`, shape ``(T,)`` or ``(B, T)``.
         ref_logprobs: :math:`\log\pi_\text{ref}(a_t|s_t)`, same shape.
@@ -101,6 +139,13 @@ def kl_shaped_rewards(
     Returns:
         Rewards of ``logprobs``' shape, dtype and device. An all-masked row is
         all zeros (there is no token to carry its score).
+
+    Example::
+
+        >>> import torch, valuelab as vl
+        >>> logp, ref = torch.tensor([-1., -1., 0.]), torch.tensor([-1.5, -1., 0.])
+        >>> vl.kl_shaped_rewards(logp, ref, 1.0, mask=torch.tensor([1, 1, 0]), beta=0.1)
+        tensor([-0.0500,  1.0000,  0.0000])
     """
     per_token = kl_penalty(logprobs, ref_logprobs, estimator)
     beta = check_nonnegative_scalar(beta, "beta")

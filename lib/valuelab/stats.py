@@ -183,7 +183,8 @@ def _as_sample(x: object, name: str) -> np.ndarray:
     if isinstance(x, (str, bytes)):
         raise not_numbers
     if isinstance(x, (list, tuple)):  # 0-d tensors in a list: read without their graph (numpy refuses one that has it)
-        x = [v.detach().cpu().resolve_conj().resolve_neg() if isinstance(v, torch.Tensor) else v for v in x]
+        x = [dense(v, f"{name}[{i}]").detach().cpu().resolve_conj().resolve_neg() if isinstance(v, torch.Tensor) else v
+             for i, v in enumerate(x)]  # dense: a meta or freed tensor is refused by name, not copied out of
     try:
         raw = np.asarray(x)
         # a numeric dtype only: "0.5" is not 0.5 (numpy would parse it), a complex number is not real (numpy would
