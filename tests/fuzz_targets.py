@@ -2814,7 +2814,7 @@ def _batch_stats_oracle(a: Args, out: Any) -> None:
 TARGETS["valuelab.distributed.batch_statistics"].oracle = _batch_stats_oracle
 
 
-@target("valuelab.distributed.demo_batch")
+@target("valuelab.distributed.demo_batch", timeout=60)  # a hostile size of 2 GB takes seconds to fill, not a hang
 def _demo_batch(draw, ex):
     return {"seed": draw(SEEDS), "rows": draw(st.integers(1, 6)), "length": draw(st.integers(1, 8))}
 
@@ -2836,6 +2836,8 @@ def _demo_batch_oracle(a: Args, out: Any) -> None:
     m = mask.numpy()
     lengths = m.sum(-1)
     expect(np.array_equal(m, np.arange(shape[1])[None] < lengths[:, None]) and lengths[0] == shape[1], "mask")
+    if shape[0] * shape[1] > 10**6:  # a second copy of a hostile size may no longer fit under the worker's
+        return                          # address-space cap (check_memory counts the room left): check small ones
     again = demo_batch(**kw)
     expect(all(torch.equal(x, y) for x, y in zip(out, again)), "the same seed gave another batch")
 

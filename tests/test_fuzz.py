@@ -536,3 +536,7 @@ REGRESSIONS["valuelab.policy.sample_responses"] = REGRESSIONS.get("valuelab.poli
 REGRESSIONS["valuelab.stats.paired_ci"] = REGRESSIONS.get("valuelab.stats.paired_ci", []) + [  # a meta tensor in the list
     _c("valuelab.stats.paired_ci", "hostile", a=[0.5, torch.tensor(2, dtype=torch.int16, device="meta"), 1.5],
        b=[1.0, 2.0, 3.0], level=0.95)]
+REGRESSIONS["valuelab.distributed.shard_statistics"] = REGRESSIONS.get("valuelab.distributed.shard_statistics", []) + [
+    # a freed tensor as sizes: the error message read its data (SIGSEGV)
+    _c("valuelab.distributed.shard_statistics", "hostile", rank=0, world_size=2,
+       sizes=T((3,), F32, (0.0,), "freed"), seed=293)]

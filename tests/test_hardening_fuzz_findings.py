@@ -497,3 +497,12 @@ def test_a_meta_tensor_inside_a_sample_list_is_refused_by_name():
     """NotImplementedError "Cannot copy out of meta tensor" before: a 0-d meta tensor in the list was copied out of."""
     with pytest.raises(ValueError, match=r"^b\[1\]"):
         stats.paired_ci([1.0, 2.0, 3.0], [1.0, torch.tensor(2, dtype=torch.int16, device="meta"), 0.5])
+
+
+@pytest.mark.parametrize("world_size", [2, 2**31])
+def test_shard_statistics_refuses_a_freed_tensor_for_sizes_without_reading_it(world_size):
+    """SIGSEGV before: the error message printed the repr of a freed tensor (its storage resized to 0)."""
+    sizes = torch.tensor([0.0, 0.0, 0.0])
+    sizes.untyped_storage().resize_(0)
+    with pytest.raises(TypeError, match=r"^sizes .*a tensor of shape \(3,\)"):
+        distributed.shard_statistics(0, world_size, sizes, 293)

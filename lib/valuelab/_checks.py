@@ -218,7 +218,7 @@ def real_number(x: numbers.Real, name: str) -> float:
     try:
         return float(x)
     except OverflowError:
-        raise ValueError(f"{name} must be finite: {x!r:.40} is too large for a float") from None
+        raise ValueError(f"{name} must be finite: {shown(x, 40)} is too large for a float") from None
 
 
 def check_unit_interval(x: object, name: str, like: torch.Tensor) -> torch.Tensor:
@@ -549,6 +549,23 @@ def scale_of(x: torch.Tensor, mask: Optional[torch.Tensor] = None, dim: Optional
     return torch.where(m > 0, s, torch.ones((), dtype=a.dtype, device=a.device))
 
 
+def shown(x: object, width: int = 80) -> str:
+    """``repr(x)`` cut to ``width`` characters for an error message, without reading a tensor's data.
+
+    A tensor is described by its shape, dtype and device: its repr reads the
+    data, and the data of a freed tensor (storage resized to 0) or a meta
+    tensor is not there to read (a SIGSEGV or a RuntimeError, not the error
+    the message was for).
+    """
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}, {x.dtype}, on {x.device.type}"
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not replace the error being raised
+        text = f"a {type(x).__name__}"
+    return text[:width]
+
+
 def require_finite_result(x: Union[torch.Tensor, float], name: str, why: str) -> Union[torch.Tensor, float]:
     """``x``, a result computed from finite inputs, if it is finite; else ``ValueError("{name}: {why}")``.
 
@@ -601,7 +618,7 @@ def check_device(device: object, name: str = "device") -> torch.device:
     try:
         d = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ValueError(f"{name} must name a device ('cpu', 'cuda', 'cuda:0'), got {device!r:.40}") from None
+        raise ValueError(f"{name} must name a device ('cpu', 'cuda', 'cuda:0'), got {shown(device, 40)}") from None
     if d.type == "cpu":
         return d
     if d.type != "cuda":
@@ -617,8 +634,10 @@ def memory_total(device: Union[str, torch.device] = "cpu") -> int:
     """Bytes of memory this process can have on ``device`` in all: a GPU's total memory; on the host, its physical memory,
     or less where an address-space limit (``ulimit -v``, ``RLIMIT_AS``) leaves this process less room (``2**40`` if unknown).
 
-    The machine's size, not what happens to be free now: a size check
-    against it gives the same verdict whatever else the machine is doing.
+    Without an address-space limit it is the machine's size, not what
+    happens to be free now: a size check against it gives the same verdict
+    whatever else the machine is doing. Under such a limit it is the room
+    left below the limit at the call, which shrinks as this process grows.
     """
     device = torch.device(device)
     if device.type == "cuda":

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ._checks import check_nonnegative_scalar, check_positive_int, check_seed
+from ._checks import check_nonnegative_scalar, check_positive_int, check_seed, shown
 from .advantages import gae
 from .losses import masked_mean, value_loss
 from .returns import discounted_returns, nstep_returns, td_targets
@@ -78,7 +78,7 @@ class TabularCritic(nn.Module):
         if not isinstance(world, World):
             raise TypeError(f"world must be a World (see make_world), got {type(world).__name__}")
         if isinstance(init, bool) or not isinstance(init, numbers.Real) or init != init:
-            raise TypeError(f"init must be a real number, got {init!r}")
+            raise TypeError(f"init must be a real number, got {shown(init)}")
         self.n_states = world.n_states
         self.table = nn.Parameter(torch.full((world.n_states,), float(init)))
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 
-from ._checks import check_int, check_like, check_mask, check_memory, check_nonnegative_scalar, check_positive_int, check_seed, check_sequence_tensor, renamed
+from ._checks import check_int, check_like, check_mask, check_memory, check_nonnegative_scalar, check_positive_int, check_seed, check_sequence_tensor, renamed, shown
 from .losses import AGGREGATIONS, masked_mean, masked_var, masked_whiten, value_loss_stats
 
 __all__ = ["run_on_ranks", "demo_batch", "batch_statistics", "shard_statistics"]
@@ -148,8 +148,10 @@ def shard_statistics(rank: int, world_size: int, sizes: Sequence[int], seed: int
     rank = check_int(rank, "rank")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must lie in [0, {world_size - 1}], got {rank}")
-    if not isinstance(sizes, (list, tuple)) or len(sizes) != world_size:
-        raise ValueError(f"sizes must be a list of {world_size} row counts, one per rank, got {sizes!r:.80}")
+    if not isinstance(sizes, (list, tuple)):
+        raise TypeError(f"sizes must be a list of {world_size} row counts, one per rank, got {shown(sizes)}")
+    if len(sizes) != world_size:
+        raise ValueError(f"sizes must be a list of {world_size} row counts, one per rank, got {len(sizes)} of them")
     sizes = [check_int(k, f"sizes[{i}]") for i, k in enumerate(sizes)]
     if min(sizes) < 0 or sum(sizes) == 0:
         raise ValueError(f"sizes must be non-negative row counts, not all 0, got {sizes!r:.80}")

@@ -32,7 +32,7 @@ from typing import Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._checks import dense, real_number
+from ._checks import dense, real_number, shown
 
 __all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "equivalence", "Equivalence", "pm", "markdown_table"]
 
@@ -135,9 +135,9 @@ def t_quantile(p: float, df: int) -> float:
     ``scipy.stats.t.isf(1 - p, df)``.
     """
     if isinstance(df, (bool, np.bool_)) or not isinstance(df, numbers.Integral) or df < 1:
-        raise ValueError(f"df must be an integer >= 1, got {df!r:.80}")
+        raise ValueError(f"df must be an integer >= 1, got {shown(df)}")
     if isinstance(p, (bool, np.bool_)) or not (isinstance(p, (numbers.Integral, float, np.floating)) and 0.5 <= p < 1):
-        raise ValueError(f"p must be in [0.5, 1), got {p!r:.80}")
+        raise ValueError(f"p must be in [0.5, 1), got {shown(p)}")
     return _t_quantile(float(p), int(df))  # checked first: the cache keys on exact floats and ints only
 
 
@@ -219,9 +219,9 @@ def _mean_sd(a: np.ndarray) -> Tuple[float, float]:
 
 def _check_level(level: object) -> float:
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+        raise ValueError(f"level must be a number in (0, 1), got {shown(level)}")
     if 0.5 + level / 2 >= 1:  # the quantile's p rounds to 1: no finite interval
-        raise ValueError(f"level must be a number in (0, 1) below 1 - 1.2e-16 (its t quantile is infinite), got {level!r}")
+        raise ValueError(f"level must be a number in (0, 1) below 1 - 1.2e-16 (its t quantile is infinite), got {shown(level)}")
     return float(level)
 
 
@@ -289,12 +289,12 @@ def equivalence(x: ArrayLike, margin: float, alpha: float = 0.05) -> Equivalence
     """
     if (isinstance(margin, (bool, np.bool_)) or not isinstance(margin, (numbers.Integral, float, np.floating))
             or not math.isfinite(real_number(margin, "margin")) or margin <= 0):
-        raise ValueError(f"margin must be a positive finite number, got {margin!r:.80}")
+        raise ValueError(f"margin must be a positive finite number, got {shown(margin)}")
     margin = float(margin)  # -np.uint64(m) wraps around to 2**64 - m: compare as a float
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
-        raise ValueError(f"alpha must be a number in (0, 0.5), got {alpha!r}")
+        raise ValueError(f"alpha must be a number in (0, 0.5), got {shown(alpha)}")
     if 1 - 2 * alpha >= 1 or 0.5 + (1 - 2 * alpha) / 2 >= 1:
-        raise ValueError(f"alpha must be a number in (0, 0.5) above 5.6e-17 (its t quantile is infinite), got {alpha!r}")
+        raise ValueError(f"alpha must be a number in (0, 0.5) above 5.6e-17 (its t quantile is infinite), got {shown(alpha)}")
     ci = mean_ci(x, 1 - 2 * alpha)
     return Equivalence(interval=ci, margin=float(margin), equivalent=bool(-margin < ci.lo and ci.hi < margin))
 
@@ -307,7 +307,7 @@ def pm(ci: Interval, decimals: int = 2) -> str:
     if not isinstance(ci, Interval):
         raise TypeError(f"ci must be an Interval (from mean_ci or paired_ci), got {type(ci).__name__}")
     if isinstance(decimals, (bool, np.bool_)) or not isinstance(decimals, numbers.Integral) or not 0 <= decimals <= 100:
-        raise ValueError(f"decimals must be an integer in [0, 100], got {decimals!r:.80}")
+        raise ValueError(f"decimals must be an integer in [0, 100], got {shown(decimals)}")
     decimals = int(decimals)
     return f"{round(ci.mean, decimals) + 0.0:.{decimals}f} ± {ci.half:.{decimals}f}"
 
