@@ -27,8 +27,11 @@ def padded_conventions(carries: str) -> Callable[[F], F]:
 
     def fill(fn: F) -> F:
         text = textwrap.fill(PADDED_CONVENTIONS.format(carries=carries), 76, subsequent_indent="    ")
-        if fn.__doc__:  # None under python -OO
-            fn.__doc__ = fn.__doc__.replace("{conventions}", text)
+        if fn.__doc__ is None:  # python -OO strips docstrings
+            return fn
+        if fn.__doc__.count("{conventions}") != 1:
+            raise ValueError(f"{fn.__qualname__}: its docstring needs one {{conventions}} line to fill")
+        fn.__doc__ = fn.__doc__.replace("{conventions}", text)
         return fn
 
     return fill

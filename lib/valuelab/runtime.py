@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -12,12 +13,12 @@ from ._checks import check_seed
 
 __all__ = ["BOOK_STYLE", "pick_device", "seed_everything"]
 
-BOOK_STYLE = {
+BOOK_STYLE = MappingProxyType({
     "figure.dpi": 100, "savefig.dpi": 100, "figure.figsize": (6.8, 3.4),
     "font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10,
     "legend.fontsize": 9, "xtick.labelsize": 9, "ytick.labelsize": 9, "legend.framealpha": 0.85,
-}
-"""Matplotlib settings of every figure of the book: ``plt.rcParams.update(vl.BOOK_STYLE)``.
+})
+"""Matplotlib settings of every figure of the book: ``plt.rcParams.update(vl.BOOK_STYLE)`` (read-only).
 
 A figure 6.8 inches wide at 100 dpi is 680 pixels, the width of the book's
 text column at 1280 px, so it is shown at full size and a 9-point label
