@@ -18,6 +18,8 @@ from __future__ import annotations
 import ast
 import ctypes
 import hashlib
+import itertools
+import math
 import os
 import platform
 import shutil
@@ -190,11 +192,12 @@ def _kernel_runs() -> bool:
 def _results_match_the_oracle():
     """Both dtypes, holes, bootstrap: through ``valuelab.gae`` (on whatever ``_native._fn`` is) against the oracle."""
     gen = torch.Generator().manual_seed(8)
-    for dtype in DTYPES:
-        r = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
-        v = torch.randn(5, 333, generator=gen, dtype=torch.float64).to(dtype)
-        mask = _run_lengths_mask(5, 333, gen, 30)
-        boot = torch.randn(5, generator=gen, dtype=torch.float64).to(dtype)
+    # short runs; then long ones, whose vector blocks a streaming build aligns to cache lines
+    for dtype, (B, T, run) in itertools.product(DTYPES, [(5, 333, 30), (3, 1501, 400)]):
+        r = torch.randn(B, T, generator=gen, dtype=torch.float64).to(dtype)
+        v = torch.randn(B, T, generator=gen, dtype=torch.float64).to(dtype)
+        mask = _run_lengths_mask(B, T, gen, run)
+        boot = torch.randn(B, generator=gen, dtype=torch.float64).to(dtype)
         out = valuelab.gae(r, v, mask=mask, gamma=0.99, lam=0.95, bootstrap=boot)
         ea, er = _oracle(r, v, mask, 0.99, 0.95, boot)
         tol = (4e-6 if dtype == torch.float32 else 1e-14) * _scale(r, v, boot)
@@ -232,6 +235,8 @@ VARIANTS = {  # name: (extra flags, what valuelab_target() says)
     "clones": ([], "clone"),
     "avx2-and-baseline": (['-DVALUELAB_TARGETS="avx2","default"'], 'one of target_clones("avx2","default")'),
     "single-target": (["-DVALUELAB_NO_CLONES"], "single target"),
+    # every call streams its outputs (non-temporal stores, blocks aligned to cache lines): the same results
+    "streaming": (["-DVALUELAB_STREAM_BYTES=0"], "clone"),
 }
 
 
@@ -707,3 +712,30 @@ def test_a_forked_child_gets_the_same_bits(monkeypatch):
     p.join(timeout=60)
     assert p.exitcode == 0
     assert got == (expect.advantages.numpy().tobytes(), expect.returns.numpy().tobytes())
+
+
+@needs_compiler
+@pytest.mark.parametrize("variant", ["clones", "streaming"])
+def test_a_non_finite_input_anywhere_in_a_long_row_clears_the_finite_flag(variant, variant_builds, monkeypatch):
+    """The kernel sums only the returns of valid tokens (and the inputs of masked ones): a NaN or an infinity at
+    any position, valid (first or last of a run, inside a vector block) or masked, still clears its flag, and
+    ``valuelab.gae`` names the argument; finite inputs leave the flag set."""
+    if variant != "single-target" and not X86_64:
+        pytest.skip("target clones are built on x86-64 only")
+    _bind(monkeypatch, variant_builds(COMPILERS[0], variant))
+    gen = torch.Generator().manual_seed(11)
+    B, T = 2, 700
+    for dtype in DTYPES:
+        r = torch.randn(B, T, generator=gen, dtype=torch.float64).to(dtype)
+        v = torch.randn(B, T, generator=gen, dtype=torch.float64).to(dtype)
+        mask = _run_lengths_mask(B, T, gen, 200)
+        # lam > 0 and lam = 0 (c = 0: the shifts of the vector scan still carry a NaN, as 0 * NaN is NaN)
+        for lam in (0.95, 0.0):
+            assert _native.scan(r, v, mask, 0.99, 0.99 * lam, None)[2] is True
+            for name, bad, pos in itertools.product(("rewards", "values"), (math.nan, math.inf, -math.inf),
+                                                    range(0, T, 23)):
+                r2, v2 = r.clone(), v.clone()
+                (r2 if name == "rewards" else v2)[1, pos] = bad
+                assert _native.scan(r2, v2, mask, 0.99, 0.99 * lam, None)[2] is False, (name, bad, pos, lam)
+                with pytest.raises(ValueError, match=name):
+                    valuelab.gae(r2, v2, mask=mask, gamma=0.99, lam=lam)

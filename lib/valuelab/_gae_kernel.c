@@ -19,7 +19,7 @@
  * -DVALUELAB_TARGETS='"avx2","default"' another set (the tests build both).
  *
  * For each row, backwards from its end, the mask is cut into runs of valid
- * tokens and runs of masked tokens (the mask bytes are read 8 at a time).
+ * tokens and runs of masked tokens (the mask bytes are read 64, then 8 at a time).
  * Masked runs get 0 in every output. A valid run [s, e) is scanned with the
  * carry (A, nv) left by the run after it: A the advantage (or return) of the
  * next valid token, nv its value. Carrying over a masked run is exactly
@@ -37,6 +37,10 @@
  *                        A after the last valid token 0, nv there the bootstrap.
  * Return (values == NULL): G_t = r_t + c G_{t+1}, c = gamma, G after the last
  *                        valid token the bootstrap; written to ret.
+ *
+ * Large calls (VALUELAB_STREAM_BYTES of outputs or more, on x86-64) write
+ * their outputs with non-temporal stores, a cache line at a time: a run's
+ * last tokens are done one by one until the vector blocks start on a line.
  */
 #if defined(__has_include)
 #if __has_include(<Python.h>) /* setup.py's build: the include path has Python's headers */
@@ -79,10 +83,28 @@ typedef double vf64 __attribute__((vector_size(64)));    /* 8 lanes */
 typedef int64_t vi64 __attribute__((vector_size(64)));
 
 #define ALL_VALID 0x0101010101010101ULL /* 8 bool bytes, all true */
+/* A call that writes at least this many bytes of outputs streams them past the caches (non-temporal stores):
+   its outputs could not stay cached anyway, and streaming spares the read-for-ownership of every output line and
+   the eviction of the inputs (chapter 9, "Large batches"). -DVALUELAB_STREAM_BYTES=0 streams every call (a test
+   build does, to check that both stores give the same bits). */
+#ifndef VALUELAB_STREAM_BYTES
+#define VALUELAB_STREAM_BYTES (16LL << 20)
+#endif
+typedef uint64_t vu64 __attribute__((vector_size(64)));
+/* The 64 bytes at p are 8 copies of word (the mask is read a cache line at a time, then 8 bytes, then 1). */
+INLINE int all64(const uint8_t *p, uint64_t word) {
+    vu64 w;
+    memcpy(&w, p, 64);
+    w ^= word;
+    uint64_t o = 0;
+    for (int i = 0; i < 8; ++i) o |= w[i];
+    return o == 0;
+}
 
 /* Start of the valid run that ends at e - 1 (m[e - 1] is true). */
 INLINE int64_t valid_run_start(const uint8_t *m, int64_t e) {
     int64_t s = e;
+    while (s >= 64 && all64(m + s - 64, ALL_VALID)) s -= 64;
     while (s >= 8) {
         uint64_t w;
         memcpy(&w, m + s - 8, 8);
@@ -96,6 +118,7 @@ INLINE int64_t valid_run_start(const uint8_t *m, int64_t e) {
 /* Start of the masked run that ends at e - 1 (m[e - 1] is false). */
 INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
     int64_t s = e;
+    while (s >= 64 && all64(m + s - 64, 0)) s -= 64;
     while (s >= 8) {
         uint64_t w;
         memcpy(&w, m + s - 8, 8);
@@ -132,14 +155,12 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         x = x + cp[2] * SHIFT8(x, z, 4);          \
     } while (0)
 
-#define DEFINE_KERNEL(NAME, T_, V_, W, SCAN)                                                          \
-    /* One token of the recursion, t, whose next valid value is vnext; returns its A. Its inputs      \
-       and its return are added to *tail (the finiteness test). */                                    \
+#define DEFINE_KERNEL(NAME, T_, V_, W, SCAN, NT16, NTSTORE)                                                          \
+    /* One token of the recursion, t, whose next valid value is vnext; returns its A. Its return is   \
+       added to *tail (the finiteness test: see NAME##_rows). */                                      \
     INLINE T_ NAME##_step(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t t, T_ vnext,            \
                                  T_ gamma, T_ c, T_ A, T_ *tail) {                                    \
-        *tail += r[t];                                                                                \
         if (v) {                                                                                      \
-            *tail += v[t];                                                                            \
             A = (r[t] + gamma * vnext - v[t]) + c * A;                                                \
             adv[t] = A;                                                                               \
             ret[t] = A + v[t];                                                                        \
@@ -150,26 +171,40 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         *tail += ret[t]; /* a non-finite advantage makes its return non-finite (v[t] is finite) */    \
         return A;                                                                                     \
     }                                                                                                 \
+    /* Store one vector: a plain store, or (nt) non-temporal ones, 16 bytes at a time (dst 64-aligned). */ \
+    INLINE void NAME##_put(T_ *dst, const V_ *x, int nt) {                                           \
+        if (!nt) {                                                                                    \
+            memcpy(dst, x, sizeof(V_));                                                               \
+            return;                                                                                   \
+        }                                                                                             \
+        for (int i = 0; i < (int)(sizeof(V_) / 16); ++i) {                                            \
+            NT16 q;                                                                                   \
+            memcpy(&q, (const char *)x + 16 * i, 16);                                                 \
+            NTSTORE((T_ *)((char *)dst + 16 * i), q);                                                 \
+        }                                                                                             \
+    }                                                                                                 \
     /* One valid run [s, e) of one row; *A_io and *nv_io carry in and out. */                         \
     INLINE void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,          \
                            T_ gamma, T_ c, const T_ *cp, const V_ *Pp, T_ PW, T_ *A_io, T_ *nv_io,    \
-                           V_ *acc) { /* vectors by pointer: no vector argument in a clone's ABI */   \
+                           V_ *acc, int nt) { /* vectors by pointer: no vector argument in a clone's ABI */   \
         const V_ P = *Pp;                                                                             \
         int64_t t = e - 1; /* the run's last token: its next value is the carried nv */               \
-        T_ tail = 0; /* the sum of the inputs of the tokens done one by one */                        \
+        T_ tail = 0; /* the sum of the returns of the tokens done one by one */                        \
         T_ A = NAME##_step(r, v, adv, ret, t, *nv_io, gamma, c, *A_io, &tail);                        \
+        while (nt && t > s && ((uintptr_t)(ret + t) & 63)) { /* streamed blocks start on a cache line */ \
+            --t;                                                                                      \
+            A = NAME##_step(r, v, adv, ret, t, v ? v[t + 1] : (T_)0, gamma, c, A, &tail);             \
+        }                                                                                             \
         const V_ zero = {0};                                                                          \
-        V_ sum = zero; /* of the inputs read and the returns written: finite iff they are (or the sum overflows) */ \
+        V_ sum = zero; /* of the returns written: finite iff they are (or the sum overflows) */ \
         for (; t - 2 * W >= s; t -= 2 * W) { /* two vectors: p .. p + W - 1 (lo), p + W .. (hi) */    \
             int64_t p = t - 2 * W;                                                                    \
             V_ xl, xh, vl = zero, vh = zero, vnl, vnh; /* vl, vh: read only when v */                 \
             memcpy(&xl, r + p, sizeof(V_));                                                           \
             memcpy(&xh, r + p + W, sizeof(V_));                                                       \
-            sum = sum + (xl + xh);                                                                    \
             if (v) {                                                                                  \
                 memcpy(&vl, v + p, sizeof(V_));                                                       \
                 memcpy(&vh, v + p + W, sizeof(V_));                                                   \
-                sum = sum + (vl + vh);                                                                \
                 memcpy(&vnl, v + p + 1, sizeof(V_));                                                  \
                 memcpy(&vnh, v + p + W + 1, sizeof(V_));                                              \
                 xl = (xl + gamma * vnl) - vl;                                                         \
@@ -182,23 +217,21 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
             xl = xl + (P * PW) * A; /* c^(2W - i) A */                                                \
             A = xl[0];                                                                                \
             if (v) {                                                                                  \
-                memcpy(adv + p, &xl, sizeof(V_));                                                     \
-                memcpy(adv + p + W, &xh, sizeof(V_));                                                 \
+                NAME##_put(adv + p, &xl, nt);                                                         \
+                NAME##_put(adv + p + W, &xh, nt);                                                     \
                 xl = xl + vl;                                                                         \
                 xh = xh + vh;                                                                         \
             }                                                                                         \
-            memcpy(ret + p, &xl, sizeof(V_));                                                         \
-            memcpy(ret + p + W, &xh, sizeof(V_));                                                     \
+            NAME##_put(ret + p, &xl, nt);                                                             \
+            NAME##_put(ret + p + W, &xh, nt);                                                         \
             sum = sum + (xl + xh);                                                                    \
         }                                                                                             \
         for (; t - W >= s; t -= W) { /* tokens p .. p + W - 1, all followed by a valid token */       \
             int64_t p = t - W;                                                                        \
             V_ x, vv = zero, vn; /* vv: read only when v (zero: no maybe-uninitialized warning) */    \
             memcpy(&x, r + p, sizeof(V_));                                                            \
-            sum = sum + x;                                                                            \
             if (v) {                                                                                  \
                 memcpy(&vv, v + p, sizeof(V_));                                                       \
-                sum = sum + vv;                                                                       \
                 memcpy(&vn, v + p + 1, sizeof(V_));                                                   \
                 x = (x + gamma * vn) - vv; /* TD errors */                                            \
             }                                                                                         \
@@ -206,10 +239,10 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
             x = x + P * A; /* eq-fast-vector-carry */                                                 \
             A = x[0];                                                                                 \
             if (v) {                                                                                  \
-                memcpy(adv + p, &x, sizeof(V_));                                                      \
+                NAME##_put(adv + p, &x, nt);                                                          \
                 x = x + vv;                                                                           \
             }                                                                                         \
-            memcpy(ret + p, &x, sizeof(V_));                                                          \
+            NAME##_put(ret + p, &x, nt);                                                              \
             sum = sum + x;                                                                            \
         }                                                                                             \
         for (--t; t >= s; --t) /* the run's first tokens, fewer than W */                             \
@@ -229,10 +262,14 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         for (; s < e; ++s) sum[0] += x[s];                                                            \
         *acc = *acc + sum;                                                                            \
     }                                                                                                 \
-    /* Rows b0 .. b1 - 1. Returns 1 if the sum of their inputs (r, v, masked or not) and returns is    \
-       finite. One clone per target (CLONES); everything above is inlined into each. */                       \
+    /* Rows b0 .. b1 - 1. Returns 1 if the sum of the returns written and of the inputs (r, v) under   \
+       masked runs is finite. That covers every input: at a valid token a non-finite r_t or v_t makes   \
+       ret_t non-finite (ret_t = (r_t + gamma nv - v_t + c A) + v_t: an infinite v_t leaves inf - inf), \
+       so the valid tokens' inputs need no sum of their own. nt: stream the outputs (VALUELAB_STREAM_BYTES), \
+       where adv and ret share their offset within a cache line. One clone per target (CLONES);        \
+       everything above is inlined into each. */                                                      \
     CLONES static int NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot,         \
-                                  T_ *adv, T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1) { \
+                                  T_ *adv, T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1, int nt) { \
         V_ acc = {0};                                                                                 \
         T_ cp[4]; /* c, c^2, c^4, c^8 */                                                              \
         cp[0] = c;                                                                                    \
@@ -244,6 +281,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
             P[i] = q;                                                                                 \
         }                                                                                             \
         T_ PW = q; /* c^W */                                                                          \
+        nt = nt && (!v || (((uintptr_t)adv - (uintptr_t)ret) & 63) == 0);                             \
         for (int64_t b = b0; b < b1; ++b) {                                                           \
             const T_ *rb = r + b * T;                                                                 \
             const T_ *vb = v ? v + b * T : NULL;                                                      \
@@ -252,14 +290,14 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
             T_ boot_b = boot ? boot[b] : (T_)0;                                                       \
             T_ A = v ? (T_)0 : boot_b, nv = boot_b;                                                   \
             if (!m) {                                                                                 \
-                NAME##_run(rb, vb, ab, gb, 0, T, gamma, c, cp, &P, PW, &A, &nv, &acc);                \
+                NAME##_run(rb, vb, ab, gb, 0, T, gamma, c, cp, &P, PW, &A, &nv, &acc, nt);                \
                 continue;                                                                             \
             }                                                                                         \
             const uint8_t *mb = m + b * T;                                                            \
             for (int64_t e = T, s; e > 0; e = s) {                                                    \
                 if (mb[e - 1]) {                                                                      \
                     s = valid_run_start(mb, e);                                                       \
-                    NAME##_run(rb, vb, ab, gb, s, e, gamma, c, cp, &P, PW, &A, &nv, &acc);            \
+                    NAME##_run(rb, vb, ab, gb, s, e, gamma, c, cp, &P, PW, &A, &nv, &acc, nt);            \
                 } else {                                                                              \
                     s = masked_run_start(mb, e);                                                      \
                     if (v) memset(ab + s, 0, (size_t)(e - s) * sizeof(T_));                           \
@@ -269,13 +307,34 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
                 }                                                                                     \
             }                                                                                         \
         }                                                                                             \
+        if (nt) STORE_FENCE(); /* the streamed stores are visible before the job counts as done */ \
         T_ total = 0;                                                                                 \
         for (int i = 0; i < W; ++i) total += acc[i];                                                  \
         return isfinite(total) ? 1 : 0;                                                               \
     }
 
-DEFINE_KERNEL(scan_f32, float, vf32, 16, SCAN16)
-DEFINE_KERNEL(scan_f64, double, vf64, 8, SCAN8)
+typedef float v4f32 __attribute__((vector_size(16)));
+typedef double v2f64 __attribute__((vector_size(16)));
+#if defined(__x86_64__) && defined(__clang__) /* movntps / movntpd: SSE and SSE2, in every x86-64 clone */
+#define NT_F32(p, q) __builtin_nontemporal_store(q, (v4f32 *)(p))
+#define NT_F64(p, q) __builtin_nontemporal_store(q, (v2f64 *)(p))
+#define CAN_STREAM 1
+#elif defined(__x86_64__)
+#define NT_F32(p, q) __builtin_ia32_movntps(p, q)
+#define NT_F64(p, q) __builtin_ia32_movntpd(p, q)
+#define CAN_STREAM 1
+#else /* elsewhere plain stores only (nt is never set) */
+#define NT_F32(p, q) memcpy(p, &(q), 16)
+#define NT_F64(p, q) memcpy(p, &(q), 16)
+#define CAN_STREAM 0
+#endif
+#if CAN_STREAM
+#define STORE_FENCE() __builtin_ia32_sfence()
+#else
+#define STORE_FENCE() ((void)0)
+#endif
+DEFINE_KERNEL(scan_f32, float, vf32, 16, SCAN16, v4f32, NT_F32)
+DEFINE_KERNEL(scan_f64, double, vf64, 8, SCAN8, v2f64, NT_F64)
 
 typedef struct {
     const void *r, *v;
@@ -285,16 +344,17 @@ typedef struct {
     int64_t T, b0, b1;
     double gamma, c;
     int f64;
+    int nt;     /* stream the outputs past the caches */
     int finite; /* out */
 } job_t;
 
 static void *run_job(void *arg) {
     job_t *j = (job_t *)arg;
     if (j->f64)
-        j->finite = scan_f64_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, j->gamma, j->c, j->b0, j->b1);
+        j->finite = scan_f64_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, j->gamma, j->c, j->b0, j->b1, j->nt);
     else
         j->finite = scan_f32_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, (float)j->gamma, (float)j->c,
-                                  j->b0, j->b1);
+                                  j->b0, j->b1, j->nt);
     return NULL;
 }
 
@@ -450,19 +510,22 @@ static void pool_run(job_t *jobs, int n, int helpers) {
  * (all valid), a token valid iff its byte is nonzero (so a bool tensor
  * holding bytes other than 0/1 reads as byte != 0); boot: (B,) or NULL (0).
  * gamma and c are rounded to the dtype here. Rows are shared by the
- * caller's thread and up to nthreads - 1 pool workers (above). Returns 1 if the sum
- * of every input entry (r and v, masked or not) and every return written is
- * finite, else 0: then an entry is NaN or infinite, a return overflowed, or
- * only the sum overflowed; the caller checks entry by entry.
+ * caller's thread and up to nthreads - 1 pool workers (above). Returns 1 if
+ * every input entry (r and v, masked or not) and every return written is
+ * finite -- tested as one sum, of the returns and of the masked tokens' inputs
+ * (see NAME##_rows) -- else 0: then an entry is NaN or infinite, a return
+ * overflowed, or only the sum overflowed; the caller checks entry by entry.
+ * A call writing VALUELAB_STREAM_BYTES or more streams its outputs.
  */
 int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *boot, void *adv, void *ret,
                   int64_t B, int64_t T, double gamma, double c, int f64, int nthreads) {
     if (B <= 0 || T <= 0) return 1;
+    int nt = CAN_STREAM && B * T * (f64 ? 8 : 4) * (v ? 2 : 1) >= (int64_t)VALUELAB_STREAM_BYTES; /* stream the outputs */
     if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
     if (nthreads > B) nthreads = (int)B;
     if (nthreads < 1) nthreads = 1;
     if (nthreads == 1 || pthread_mutex_trylock(&pool_busy) != 0) { /* alone, or the pool is busy */
-        job_t all = {r, v, m, boot, adv, ret, T, 0, B, gamma, c, f64, 0};
+        job_t all = {r, v, m, boot, adv, ret, T, 0, B, gamma, c, f64, nt, 0};
         run_job(&all);
         return all.finite;
     }
@@ -472,7 +535,7 @@ int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *bo
     job_t jobs[MAX_CHUNKS];
     n = 0;
     for (int64_t b0 = 0; b0 < B; b0 += per) {
-        job_t j = {r, v, m, boot, adv, ret, T, b0, b0 + per < B ? b0 + per : B, gamma, c, f64, 0};
+        job_t j = {r, v, m, boot, adv, ret, T, b0, b0 + per < B ? b0 + per : B, gamma, c, f64, nt, 0};
         jobs[n++] = j;
     }
     pool_grow(nthreads - 1);

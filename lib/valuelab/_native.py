@@ -352,12 +352,16 @@ def scan(
     (:func:`_for_c`): a wrong type, dtype, device or shape, or a freed
     storage, raises :class:`TypeError` or :class:`ValueError` naming the
     argument; views (negative, conjugate, strided) and zero tensors are
-    resolved into dense copies. ``finite`` is False when the sum of all
-    entries of ``rewards`` and ``values`` (masked ones included) and of the
-    returns written, taken during the same pass, is not finite: an input is
-    NaN or infinite, a return overflowed (a non-finite advantage makes its
-    return non-finite too), or only the sum overflowed; the caller then
-    checks entry by entry (:func:`valuelab._problem.check_outputs`).
+    resolved into dense copies. ``finite`` is False when an entry of
+    ``rewards`` or ``values`` (masked ones included) is NaN or infinite, a
+    return overflowed (a non-finite advantage makes its return non-finite
+    too), or only the finiteness test's sum overflowed -- one sum, taken
+    during the same pass, of the returns written and of the masked tokens'
+    inputs (at a valid token a non-finite input makes its return non-finite);
+    the caller then checks entry by entry
+    (:func:`valuelab._problem.check_outputs`). A call that writes 16 MiB of
+    outputs or more streams them past the caches (``VALUELAB_STREAM_BYTES``
+    in ``_gae_kernel.c``).
 
     None is returned for non-CPU ``rewards`` (a GPU takes the PyTorch path),
     for tensors C cannot read (tensor subclasses, tensors under
