@@ -352,8 +352,52 @@ def test_torchrl_dropin_line_without_torchrl(monkeypatch):
 def test_run_prints_the_dropin_line_when_the_grid_has_the_target_shape(monkeypatch, capsys):
     pytest.importorskip("torchrl")
     monkeypatch.setattr(bench, "TARGET", ("cpu", "float32", 2, 40))
-    args = argparse.Namespace(quick=True, repeats=3, out=None)
+    args = argparse.Namespace(quick=True, repeats=3, out=None, runs=1)
     bench._run(args, [], [CPU], [torch.float32], [(2, 40)], False, bench.in_process)
     assert "torchrl drop-in (cpu, float32, (2, 40, 1), done 1/200)" in capsys.readouterr().out
     bench._run(args, [], [CPU], [torch.float64], [(2, 40)], False, bench.in_process)  # not the target's dtype: no line
     assert "torchrl drop-in" not in capsys.readouterr().out
+
+
+def test_byte_bound_counts_what_gae_and_the_floor_move():
+    # GAE: rewards, values, a one-byte mask in; advantages, returns out. The floor: two in, one out.
+    assert bench.byte_bound(torch.float32) == pytest.approx(17 / 12)
+    assert bench.byte_bound(torch.float64) == pytest.approx(33 / 24)
+    assert bench.byte_bound(torch.float32) != pytest.approx(5 / 3)  # not the mask counted as a float tensor
+
+
+def _large_rows(ratios, dtype="float32", B=512, T=4096, kind="right-padded"):
+    """Rows of one large shape, one per run, whose fast_min / floor_min are ``ratios``."""
+    return [{"device": "cpu", "dtype": dtype, "B": B, "T": T, "mask": kind, "fast_min_ms": x, "floor_min_ms": 1.0,
+             "bytes": 1.42, "run": i + 1} for i, x in enumerate(ratios)]
+
+
+def test_large_report_takes_the_median_of_the_runs():
+    lines = bench.large_report(_large_rows([1.5, 2.6, 1.9]), load=(0.5, 1.25))
+    assert lines[0].startswith("large batches") and "median of 3 run(s)" in lines[0] and "0.50 -> 1.25" in lines[0]
+    assert "= " + " 1.90x" in lines[1] and "runs 1.50, 2.60, 1.90" in lines[1] and lines[1].endswith(": met)")
+    # the median decides, not the best or the first run
+    assert bench.large_report(_large_rows([2.1, 1.5, 2.2]))[1].endswith("NOT met)")
+    assert bench.large_report(_large_rows([2.0]))[1].endswith(": met)")  # the bound itself is met
+    # one line per (dtype, shape, mask); other shapes and devices are left out
+    rows = (_large_rows([1.0]) + _large_rows([3.0], dtype="float64", B=16, T=32768, kind="holes")
+            + [dict(r, B=8) for r in _large_rows([9.0])] + [dict(r, device="cuda") for r in _large_rows([9.0])])
+    lines = bench.large_report(rows)
+    assert len(lines) == 3 and "float64" in lines[2] and "16x32768" in lines[2] and "NOT met" in lines[2]
+    assert bench.large_report([dict(r, B=8) for r in _large_rows([1.0])]) == []
+
+
+def test_runs_repeat_the_grid_and_are_numbered(tmp_path):
+    out = tmp_path / "r.csv"
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.setattr(bench, "LARGE_SHAPES", ((2, 40),))
+        rows = bench.main(["--device", "cpu", "--dtype", "float32", "--shapes", "2x40", "--runs", "2",
+                           "--repeats", "3", "--out", str(out)])
+    assert [r["run"] for r in rows] == [1, 1, 2, 2]
+    assert all(math.isfinite(r["bytes"]) and r["floor_min_ms"] <= r["floor_ms"] for r in rows)
+    meta = json.loads((tmp_path / "r.json").read_text())
+    assert meta["large_targets"][0].startswith("large batches") and len(meta["large_targets"]) == 3
+    assert "median of 2 run(s)" in printed.getvalue()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        bench.main(["--runs", "0"])

@@ -359,9 +359,9 @@ def scan(
     during the same pass, of the returns written and of the masked tokens'
     inputs (at a valid token a non-finite input makes its return non-finite);
     the caller then checks entry by entry
-    (:func:`valuelab._problem.check_outputs`). A call that writes 16 MiB of
-    outputs or more streams them past the caches (``VALUELAB_STREAM_BYTES``
-    in ``_gae_kernel.c``).
+    (:func:`valuelab._problem.check_outputs`). A call that writes
+    ``VALUELAB_STREAM_BYTES`` of outputs or more (``_gae_kernel.c``) streams
+    them past the caches.
 
     None is returned for non-CPU ``rewards`` (a GPU takes the PyTorch path),
     for tensors C cannot read (tensor subclasses, tensors under

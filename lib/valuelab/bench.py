@@ -15,11 +15,11 @@ For every device, dtype, batch ``B``, length ``T`` and mask kind
 together are timed in turn, one call each per round
 (:func:`time_interleaved`), so that their ratios are fair on a machine whose
 speed drifts, in this order: the two libraries; the two loops; the fast
-paths of one shape (right-padded and holes); the same two on the PyTorch
-path. The slow groups get fewer rounds on big shapes (as many as fit in a
-time budget, at least 3). The floor runs in a tight loop of its own (its
-smallest, warmest time: the conservative choice for ``fast/floor``); median
-and minimum are kept. Before timing, every mask-aware contender's output is
+paths of one shape (right-padded and holes) side by side with the floor; the
+same two on the PyTorch path. The slow groups get fewer rounds on big shapes
+(as many as fit in a time budget, at least 3). Median and minimum are kept;
+on a shared machine the ratio of minima (``fast_min_ms / floor_min_ms``) is
+the steadier figure. Before timing, every mask-aware contender's output is
 checked against ``valuelab.gae`` on the right-padded rows
 (:func:`check_agrees`); a contender that computes something else stops the
 run (:class:`ContenderMismatch`). The loops and the libraries run in a
@@ -62,7 +62,9 @@ sensitively on big shapes (``--mallopt`` fixes them).
     One elementwise pass over the same tensors, ``torch.add(rewards, values,
     alpha=gamma, out=buf)`` into a buffer allocated once: nothing that reads
     the inputs and writes an output can be faster (``valuelab.gae`` reads
-    three tensors and writes two, and allocates them).
+    three tensors and writes two, and allocates them). ``bytes`` is the
+    byte-count bound on ``fast/floor`` (:func:`byte_bound`): what GAE moves
+    over what the floor moves.
 
 Ratios (of medians): ``loop/fast``, ``verl/fast``, ``lfilter/fast``,
 ``torchrl/fast``, ``fast/floor``, ``torch/floor`` and, for masks with holes,
@@ -75,7 +77,9 @@ costs about 2 microseconds per 4 KiB page when touched again (see
 threads the C kernel uses for the shape (0 where it does not run). At the
 end the targets are checked on the CPU, float32, B=64, T=4096 rows (see
 :data:`TARGETS`: ``loop/fast >= 500``, ``lfilter/fast >= 5``,
-``torchrl/fast >= 50``, ``fast/floor <= 3``, ``holes/rp <= 2``).
+``torchrl/fast >= 50``, ``fast/floor <= 3``, ``holes/rp <= 2``), and the
+large-batch target on the shapes of :data:`LARGE_SHAPES` present in the grid
+(:func:`large_report`: ratio of minima ``<= 2``, median over ``--runs``).
 
 When the grid has that shape, one more line (:func:`torchrl_dropin`, run in
 the contenders' process): TorchRL's ``vec_generalized_advantage_estimate``
@@ -403,28 +407,6 @@ def _minor_faults() -> int:
         return 0
 
 
-def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> Tuple[float, float, float]:
-    """``(median, minimum, faults)``: wall time of ``fn()`` in seconds over ``repeats`` calls, and page faults per call.
-
-    ``warmup`` calls are made first. The median is the figure the ratios use;
-    the minimum is the robust one on a machine shared with other jobs, where
-    a call can lose whole scheduler slices.
-    """
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times: List[float] = []
-    f0 = _minor_faults()
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    faults = (_minor_faults() - f0) / max(repeats, 1)
-    return statistics.median(times), min(times), faults
-
-
 def keep_freed_memory() -> bool:
     """Tell glibc's malloc to keep freed memory instead of returning it to the OS (``mallopt``).
 
@@ -463,11 +445,11 @@ def _repeats_for(estimate_s: float, budget_s: float, lo: int = 1, hi: int = 25) 
 
 COLUMNS = [
     "device", "dtype", "B", "T", "mask", "loop_ms", "fast_ms", "floor_ms", "torch_ms",
-    "loop/fast", "fast/floor", "torch/floor", "holes/rp", "fast_min_ms", "floor_min_ms", "faults",
+    "loop/fast", "fast/floor", "bytes", "torch/floor", "holes/rp", "fast_min_ms", "floor_min_ms", "faults",
     "verl_ms", "lfilter_ms", "torchrl_ms", "verl/fast", "lfilter/fast", "torchrl/fast",
 ]
 CSV_COLUMNS = COLUMNS + ["loop_min_ms", "torch_min_ms", "verl_min_ms", "lfilter_min_ms", "torchrl_min_ms",
-                         "kernel_threads"]
+                         "kernel_threads", "run"]
 NAN = float("nan")
 NO_TIME = (NAN, NAN, NAN)
 
@@ -611,16 +593,28 @@ def contender_process(threads: int, mallopt: bool) -> Iterator[Call]:
         yield lambda fn, *args: pool.submit(fn, *args).result()
 
 
-def _row(device, dtype, B, T, kind, res: dict, floor: tuple, threads: int) -> dict:
+def byte_bound(dtype: torch.dtype) -> float:
+    """Bytes ``valuelab.gae`` moves over bytes the floor moves, per token: the least ``fast/floor`` can be.
+
+    GAE reads rewards, values and the mask (one byte) and writes advantages
+    and returns; the floor reads two tensors and writes one:
+    ``(4 s + 1) / (3 s)`` for ``s`` bytes per entry (17/12 in float32, 33/24
+    in float64), read-for-ownership traffic and page faults aside.
+    """
+    s = torch.empty((), dtype=dtype).element_size()
+    return (4 * s + 1) / (3 * s)
+
+
+def _row(device, dtype, B, T, kind, res: dict, threads: int) -> dict:
     """One row of the table from the timings ``res`` (``{contender: (median, min, faults)}``) of one shape."""
     fast_s, fast_min, faults = res[kind]
     torch_s, torch_min, _ = res["torch " + kind]
-    floor_s, floor_min, _ = floor
+    floor_s, floor_min, _ = res["floor"]
     row = {
         "device": device.type, "dtype": str(dtype).replace("torch.", ""), "B": B, "T": T,
         "mask": kind, "loop_ms": res["loop"][0] * 1e3, "fast_ms": fast_s * 1e3, "floor_ms": floor_s * 1e3,
         "torch_ms": torch_s * 1e3, "loop/fast": res["loop"][0] / fast_s, "fast/floor": fast_s / floor_s,
-        "torch/floor": torch_s / floor_s,
+        "bytes": byte_bound(dtype), "torch/floor": torch_s / floor_s,
         "holes/rp": fast_s / res["right-padded"][0] if kind == "holes" else NAN,
         "fast_min_ms": fast_min * 1e3, "floor_min_ms": floor_min * 1e3, "faults": faults,
         "loop_min_ms": res["loop"][1] * 1e3, "torch_min_ms": torch_min * 1e3, "kernel_threads": threads,
@@ -654,11 +648,9 @@ def run_grid(devices, grid, dtypes, loop_budget_s: float, fast_repeats: int, log
                                   loop_budget_s, fast_repeats)
                 checks.extend(found)
                 floor_buf = torch.empty_like(r)
-                # the floor in a tight loop of its own: its threads and caches stay warm, its time is the
-                # smallest (a conservative fast/floor)
-                floor = time_call(lambda: torch.add(r, v, alpha=GAMMA, out=floor_buf), device,
-                                  repeats=max(fast_repeats, 25), warmup=3)
+                # the floor side by side with the fast paths, on the same inputs, in the same rounds
                 res.update(time_interleaved({
+                    "floor": lambda: torch.add(r, v, alpha=GAMMA, out=floor_buf),
                     "right-padded": lambda: fast_gae(r, v, m, GAMMA, LAM),
                     "holes": lambda: fast_gae(rh, vh, mh, GAMMA, LAM),
                 }, device, repeats=fast_repeats))
@@ -669,7 +661,7 @@ def run_grid(devices, grid, dtypes, loop_budget_s: float, fast_repeats: int, log
                 }, device, repeats=fast_repeats))
                 threads = kernel_threads(B, T, dtype, device)
                 for kind in ("right-padded", "holes"):
-                    rows.append(_row(device, dtype, B, T, kind, res, floor, threads))
+                    rows.append(_row(device, dtype, B, T, kind, res, threads))
                     log(_fmt_row(rows[-1]))
     return rows
 
@@ -715,6 +707,40 @@ def target_report(rows: List[dict]) -> List[str]:
         f"  for information: verl/fast = {_ratio_text(r['verl/fast'])}x; with holes loop/fast = {h['loop/fast']:.0f}x, "
         f"fast/floor = {h['fast/floor']:.1f}x; the PyTorch path (C kernel off) loop/torch = "
         f"{r['loop_ms'] / r['torch_ms']:.0f}x, torch/floor = {r['torch/floor']:.1f}x")
+    return lines
+
+
+LARGE_SHAPES = ((64, 4096), (512, 4096), (16, 32768))
+"""The batches trainers run: hundreds of responses of thousands of tokens, or a few very long ones."""
+LARGE_TARGET = 2.0
+"""On the CPU, at every shape of :data:`LARGE_SHAPES`, dtype and mask kind: ``fast_min_ms / floor_min_ms <= 2``."""
+
+
+def large_report(rows: List[dict], load: Optional[Tuple[Optional[float], Optional[float]]] = None) -> List[str]:
+    """The large-batch target (:data:`LARGE_TARGET`): one line per CPU row of :data:`LARGE_SHAPES` in ``rows``.
+
+    The figure is the ratio of minima ``fast_min_ms / floor_min_ms`` (the fast
+    path and the floor timed side by side), its median over the runs in
+    ``rows`` (the ``run`` key; one run when absent), shown with each run's
+    value and the byte-count bound :func:`byte_bound`. ``load`` is the
+    1-minute load average before and after. Empty when no row has such a shape.
+    """
+    groups: Dict[Tuple, List[dict]] = {}
+    for r in rows:
+        if r["device"] == "cpu" and (int(r["B"]), int(r["T"])) in LARGE_SHAPES:
+            groups.setdefault((r["dtype"], int(r["B"]), int(r["T"]), r["mask"]), []).append(r)
+    if not groups:
+        return []
+    runs = max(len(g) for g in groups.values())
+    shown = "" if load is None else "; load " + " -> ".join("?" if x is None else f"{x:.2f}" for x in load)
+    lines = [f"large batches (cpu; fast_min/floor_min, the ratio of minima, median of {runs} run(s){shown}):"]
+    for (dtype, B, T, kind), group in groups.items():
+        ratios = [float(r["fast_min_ms"]) / float(r["floor_min_ms"]) for r in group]
+        value = statistics.median(ratios)
+        verdict = "met" if value <= LARGE_TARGET else "NOT met"
+        lines.append(f"  {dtype:<7s} {B:>4d}x{T:<6d} {kind:<12s} = {value:5.2f}x  (runs "
+                     f"{', '.join(f'{x:.2f}' for x in ratios)}; bytes bound {float(group[0]['bytes']):.2f}x; "
+                     f"target <= {LARGE_TARGET:g}x: {verdict})")
     return lines
 
 
@@ -857,7 +883,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-_WIDTHS = [6, 8, 3, 6, 13, 9, 8, 8, 8, 9, 10, 10, 8, 11, 12, 7, 9, 10, 10, 9, 12, 12]
+_WIDTHS = [6, 8, 3, 6, 13, 9, 8, 8, 8, 9, 10, 5, 10, 8, 11, 12, 7, 9, 10, 10, 9, 12, 12]
 
 
 def _fmt_row(row: dict) -> str:
@@ -878,11 +904,15 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
     ap.add_argument("--shapes", default=None,
                     help="comma-separated BxT list replacing the grid, e.g. 64x4096,8x32768")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="time the grid this many times (the large-batch target takes the median of the runs)")
     ap.add_argument("--repeats", type=int, default=0, help="rounds of the interleaved timing of the fast paths (default 61, quick 15)")
     ap.add_argument("--mallopt", action="store_true",
                     help="CPU, glibc only: keep freed memory in the process (no page faults on every "
                          "fresh MB-sized output); see keep_freed_memory")
     args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error(f"--runs: expected a positive count, got {args.runs}")
     mallopt = keep_freed_memory() if args.mallopt else False
     if args.mallopt:
         print("mallopt:", "applied" if mallopt else "not available on this platform")
@@ -927,12 +957,23 @@ def _run(args: argparse.Namespace, argv: Optional[List[str]], devices: List[torc
     t0 = time.perf_counter()
     repeats = args.repeats or (15 if args.quick else 61)
     checks: List[dict] = []
-    rows = run_grid(devices, grid, dtypes, loop_budget_s=0.4 if args.quick else 3.0, fast_repeats=repeats,
-                    log=lambda line: print(line, flush=True), checks=checks, call=call)
+    rows: List[dict] = []
+    for run in range(1, args.runs + 1):
+        if args.runs > 1:
+            print(f"run {run} of {args.runs}", flush=True)
+        found = run_grid(devices, grid, dtypes, loop_budget_s=0.4 if args.quick else 3.0, fast_repeats=repeats,
+                         log=lambda line: print(line, flush=True), checks=checks, call=call)
+        rows.extend(dict(r, run=run) for r in found)
     worst = max((c["max_err"] / c["tol"] for c in checks if c["tol"] > 0), default=0.0)
     print(f"total {time.perf_counter() - t0:.0f} s; {len(checks)} agreement checks with valuelab.gae passed "
           f"(largest error / tolerance: {worst:.2g})", flush=True)
-    for line in target_report(rows):
+    try:
+        machine["loadavg_at_end"] = os.getloadavg()
+    except (OSError, AttributeError):
+        pass
+    load = machine["loadavg_at_start"], machine.get("loadavg_at_end")
+    machine["large_targets"] = large_report(rows, (load[0][0] if load[0] else None, load[1][0] if load[1] else None))
+    for line in target_report([r for r in rows if r["run"] == 1]) + machine["large_targets"]:
         print(line)
     _, _, tB, tT = TARGET
     if "cpu" in [d.type for d in devices] and torch.float32 in dtypes and (tB, tT) in grid:
@@ -945,12 +986,8 @@ def _run(args: argparse.Namespace, argv: Optional[List[str]], devices: List[torc
             w.writeheader()
             for row in rows:
                 w.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
-        try:
-            machine["loadavg_at_end"] = os.getloadavg()
-        except (OSError, AttributeError):
-            pass
         machine["command"] = "python -m valuelab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
-        machine["targets"] = target_report(rows)
+        machine["targets"] = target_report([r for r in rows if r["run"] == 1])
         machine["checks"] = checks
         meta = os.path.splitext(args.out)[0] + ".json"
         with open(meta, "w") as fh:
