@@ -182,7 +182,7 @@ def test_bench_smoke(tiny_run):
     assert {"loop_ms", "fast_ms", "torch_ms", "floor_ms", "loop/fast", "fast/floor", "torch/floor", "holes/rp",
             "faults"} <= set(header)
     assert {"verl_ms", "lfilter_ms", "torchrl_ms", "verl/fast", "lfilter/fast", "torchrl/fast",
-            "kernel_threads"} <= set(header)
+            "kernel_threads", "fast_min/floor_min", "bytes", "run"} <= set(header)
     assert all(math.isfinite(r["loop/fast"]) and r["fast_min_ms"] <= r["fast_ms"] for r in rows)
     assert all(math.isfinite(r["verl/fast"]) and r["verl_min_ms"] <= r["verl_ms"] for r in rows)
     holes = [r for r in rows if r["mask"] == "holes"][0]
@@ -312,7 +312,7 @@ def test_a_wrong_contender_stops_the_run(monkeypatch):
 
 def _target_rows(**ratios):
     base = {"device": "cpu", "dtype": "float32", "B": 64, "T": 4096, "loop/fast": 600.0, "lfilter/fast": 6.0,
-            "torchrl/fast": 60.0, "fast/floor": 2.0, "holes/rp": float("nan"), "verl/fast": 900.0,
+            "torchrl/fast": 60.0, "fast_min/floor_min": 2.0, "holes/rp": float("nan"), "verl/fast": 900.0,
             "loop_ms": 60.0, "torch_ms": 1.0, "torch/floor": 10.0}
     rp = dict(base, mask="right-padded", **ratios)
     holes = dict(base, mask="holes", **{"holes/rp": ratios.pop("holes/rp", 1.5)})
@@ -323,9 +323,9 @@ def test_target_report_met_and_not_met():
     lines = bench.target_report(_target_rows())
     assert lines[0].startswith("targets (cpu, float32, B=64, T=4096")
     assert all(line.endswith("met)") and "NOT met" not in line for line in lines[1:6])
-    lines = bench.target_report(_target_rows(**{"loop/fast": 499.0, "fast/floor": 3.5, "torchrl/fast": 49.0}))
+    lines = bench.target_report(_target_rows(**{"loop/fast": 499.0, "fast_min/floor_min": 3.5, "torchrl/fast": 49.0}))
     verdicts = {ln.split("=")[0].strip(): ("NOT met" in ln) for ln in lines[1:6]}
-    assert verdicts == {"loop/fast": True, "lfilter/fast": False, "torchrl/fast": True, "fast/floor": True,
+    assert verdicts == {"loop/fast": True, "lfilter/fast": False, "torchrl/fast": True, "fast_min/floor_min": True,
                         "holes/rp": False}
     assert "499x" in lines[1] and "3.50x" in lines[4]  # the measured values are printed
     assert bench.target_report([dict(r, T=1024) for r in _target_rows()]) == []  # no target row: no report
