@@ -401,3 +401,46 @@ def test_runs_repeat_the_grid_and_are_numbered(tmp_path):
     assert "median of 2 run(s)" in printed.getvalue()
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         bench.main(["--runs", "0"])
+
+
+@pytest.mark.skipif(not _native.available(), reason="needs the C kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_raw_kernel_call_of_the_breakdown_computes_gae(dtype):
+    r, v, m = bench.make_batch(3, 300, dtype, CPU, holes=True)
+    warm = (torch.full_like(r, math.nan), torch.full_like(r, math.nan))
+    bench._kernel_call(r, v, m, 2, warm)()
+    want = bench.fast_gae(r, v, m, bench.GAMMA, bench.LAM)
+    assert torch.equal(warm[0], want.advantages) and torch.equal(warm[1], want.returns)
+    bench._kernel_call(r, v, m, 1)()  # fresh outputs: runs
+    with pytest.raises(TypeError, match="values"):  # the boundary's own check, before C sees a pointer
+        bench._kernel_call(r, v.long(), m, 1)
+
+
+@pytest.mark.skipif(not _native.available(), reason="needs the C kernel")
+def test_breakdown_times_every_piece_and_writes_json(tmp_path):
+    out = tmp_path / "b.json"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        found = bench.main(["--breakdown", "--dtype", "float64", "--shapes", "4x300,2x40", "--repeats", "5",
+                            "--out", str(out)])
+    assert [(b["B"], b["T"], b["dtype"]) for b in found] == [(4, 300, "float64"), (2, 40, "float64")]
+    for b in found:
+        assert all(0 < b[k] < 1e3 for k in bench.BREAKDOWN) and 0 < b["front_door_us"] < 1e6 and b["faults"] >= 0
+    saved = json.loads(out.read_text())
+    assert saved["breakdown"] == found and saved["machine"]["command"].endswith(str(out))
+    text = printed.getvalue()
+    assert text.count("front door") == 2 and all(k in text for k in bench.BREAKDOWN)
+
+
+def test_stored_runs_are_read_from_the_package_by_plain_name():
+    machine, rows = bench.stored_run("bench_cpu_large")
+    assert rows and {"fast_min_ms", "floor_min_ms", "run", "bytes"} <= set(rows[0]) and machine["large_targets"]
+    found = bench.stored_breakdown()
+    assert found["breakdown"] and all(set(bench.BREAKDOWN) <= set(b) for b in found["breakdown"])
+    for bad in ("../bench_cpu", "bench cpu", 3):
+        with pytest.raises(ValueError, match="plain name"):
+            bench.stored_breakdown(bad)
+    with pytest.raises(ValueError, match="no stored"):
+        bench.stored_breakdown("nothing_here")
+    with pytest.raises(ValueError, match="no stored"):
+        bench.stored_run("nothing_here")

@@ -290,17 +290,34 @@ def stored_run(name: str = "bench_cpu") -> Tuple[dict, List[dict]]:
     beside the notebook (e.g. on Colab). Refresh them with
     ``python -m valuelab.bench --threads 2 --out lib/valuelab/data/bench_cpu.csv``.
     """
-    from importlib import resources
-
-    if not isinstance(name, str) or not name.replace("_", "").isalnum():
-        raise ValueError(f"name must be the plain name of a stored run (e.g. 'bench_cpu'), got {name!r}")
-    data = resources.files("valuelab") / "data"
-    csv_file, json_file = data / f"{name}.csv", data / f"{name}.json"
+    csv_file, json_file = _stored_file(name, ".csv"), _stored_file(name, ".json")
     if not csv_file.is_file():
         raise ValueError(f"name: no stored run {name!r} in valuelab/data")
     machine = json.loads(json_file.read_text(encoding="utf-8")) if json_file.is_file() else {}
     rows = list(csv.DictReader(csv_file.read_text(encoding="utf-8").splitlines()))
     return machine, rows
+
+
+def stored_breakdown(name: str = "bench_cpu_breakdown") -> dict:
+    """The stored ``--breakdown`` run ``name`` that chapter 9 reads: ``{"machine": ..., "breakdown": [...]}``.
+
+    Read from the installed package (``valuelab/data/<name>.json``). Refresh
+    it with ``python -m valuelab.bench --breakdown --threads 2 --shapes
+    64x4096,512x4096,16x32768 --out lib/valuelab/data/bench_cpu_breakdown.json``.
+    """
+    json_file = _stored_file(name, ".json")
+    if not json_file.is_file():
+        raise ValueError(f"name: no stored breakdown {name!r} in valuelab/data")
+    return json.loads(json_file.read_text(encoding="utf-8"))
+
+
+def _stored_file(name: str, suffix: str):
+    """``valuelab/data/<name><suffix>`` in the installed package; ``name`` must be a plain name."""
+    from importlib import resources
+
+    if not isinstance(name, str) or not name.replace("_", "").isalnum():
+        raise ValueError(f"name must be the plain name of a stored run (e.g. 'bench_cpu'), got {name!r}")
+    return resources.files("valuelab") / "data" / f"{name}{suffix}"
 
 def missing_contenders() -> Dict[str, str]:
     """``{contender: why it is not timed}`` for the optional ones (lfilter needs scipy, torchrl torchrl)."""
@@ -710,6 +727,87 @@ def target_report(rows: List[dict]) -> List[str]:
     return lines
 
 
+def _kernel_call(r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, threads: int,
+                 out: Optional[Pair] = None) -> Callable[[], None]:
+    """A call of the raw kernel ``valuelab_scan`` on ``r, v, m``: into ``out`` (warm buffers) or, each call, two fresh outputs.
+
+    Every tensor goes through the boundary's own check (``_native._for_c``)
+    before its pointer reaches C, as in :func:`valuelab._native.scan`; what is
+    left out is the rest of the public call (argument checks, dispatch).
+    """
+    fn = _native._fn
+    if fn is None:
+        raise RuntimeError(f"the C kernel is not loaded: {_native.status()}")
+    shape, dtype = tuple(r.shape), r.dtype
+    B, T = shape
+    r, v = _native._for_c(r, "rewards", dtype, shape), _native._for_c(v, "values", dtype, shape)
+    m = _native._for_c(m, "mask", torch.bool, shape)
+    f64 = int(dtype == torch.float64)
+
+    def run(adv: torch.Tensor, ret: torch.Tensor) -> None:
+        adv = _native._for_c(adv, "advantages", dtype, shape)
+        ret = _native._for_c(ret, "returns", dtype, shape)
+        fn(r.data_ptr(), v.data_ptr(), m.data_ptr(), None, adv.data_ptr(), ret.data_ptr(), B, T, GAMMA,
+           GAMMA * LAM, f64, threads)
+
+    if out is not None:
+        return lambda: run(*out)
+    return lambda: run(torch.empty_like(r), torch.empty_like(r))
+
+
+BREAKDOWN = {
+    "floor_side": "the floor, timed side by side with valuelab.gae (as in the grid)",
+    "gae_side": "valuelab.gae, timed side by side with the floor",
+    "floor_alone": "the floor, timed alone",
+    "gae_alone": "valuelab.gae, timed alone",
+    "kernel_2t": "the raw kernel on the benchmark's threads, into warm outputs",
+    "kernel_1t": "the raw kernel on one thread, into warm outputs",
+    "kernel_2t_fresh": "the raw kernel on the benchmark's threads, into two fresh outputs per call",
+}
+"""What :func:`breakdown` times (minimum ms per call), by key."""
+
+
+def breakdown(B: int, T: int, dtype: torch.dtype, rounds: int = 101, seed: int = 0) -> dict:
+    """Where the time of ``valuelab.gae`` goes on one CPU shape (right-padded rows): the pieces of :data:`BREAKDOWN`.
+
+    Each figure is the minimum over ``rounds`` calls in ms; the two
+    side-by-side ones are timed in the same rounds, the others each in a loop
+    of its own. Also ``faults`` (minor page faults per ``valuelab.gae`` call,
+    side by side), ``front_door_us`` (a call on one row of 16 tokens: the
+    fixed price of the public function) and ``kernel_threads``. Needs the
+    C kernel (:class:`RuntimeError` otherwise).
+    """
+    cpu = torch.device("cpu")
+    r, v, m = make_batch(B, T, dtype, cpu, holes=False, seed=seed)
+    buf, warm = torch.empty_like(r), (torch.empty_like(r), torch.empty_like(r))
+    threads = kernel_threads(B, T, dtype, cpu)
+    floor = lambda: torch.add(r, v, alpha=GAMMA, out=buf)  # noqa: E731
+    gae = lambda: fast_gae(r, v, m, GAMMA, LAM)  # noqa: E731
+    side = time_interleaved({"floor": floor, "gae": gae}, cpu, repeats=rounds)
+    out = {"B": B, "T": T, "dtype": str(dtype).replace("torch.", ""), "kernel_threads": threads,
+           "floor_side": side["floor"][1] * 1e3, "gae_side": side["gae"][1] * 1e3, "faults": side["gae"][2]}
+    alone = {"floor_alone": floor, "gae_alone": gae, "kernel_2t": _kernel_call(r, v, m, threads, warm),
+             "kernel_1t": _kernel_call(r, v, m, 1, warm), "kernel_2t_fresh": _kernel_call(r, v, m, threads)}
+    for key, fn in alone.items():
+        out[key] = time_interleaved({key: fn}, cpu, repeats=rounds)[key][1] * 1e3
+    r1, v1, m1 = make_batch(1, 16, dtype, cpu, holes=False, seed=seed)
+    out["front_door_us"] = time_interleaved({"tiny": lambda: fast_gae(r1, v1, m1, GAMMA, LAM)}, cpu,
+                                            repeats=max(rounds, 501))["tiny"][1] * 1e6
+    return out
+
+
+def breakdown_report(found: List[dict]) -> List[str]:
+    """Lines for :func:`breakdown`'s results: one per shape, each figure as ms and as a multiple of ``floor_alone``."""
+    keys = list(BREAKDOWN)
+    lines = ["breakdown (cpu, right-padded; minimum ms per call, and / floor_alone):"]
+    for b in found:
+        f = b["floor_alone"]
+        lines.append(f"  {b['dtype']:<7s} {b['B']:>4d}x{b['T']:<6d} faults/call {b['faults']:.0f}, "
+                     f"front door {b['front_door_us']:.1f} us, kernel threads {b['kernel_threads']}")
+        lines.extend(f"    {k:<16s} {b[k]:8.3f} ms {b[k] / f:6.2f}x  {BREAKDOWN[k]}" for k in keys)
+    return lines
+
+
 LARGE_SHAPES = ((64, 4096), (512, 4096), (16, 32768))
 """The batches trainers run: hundreds of responses of thousands of tokens, or a few very long ones."""
 LARGE_TARGET = 2.0
@@ -904,6 +1002,9 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     ap.add_argument("--dtype", choices=["float32", "float64", "both"], default="both")
     ap.add_argument("--shapes", default=None,
                     help="comma-separated BxT list replacing the grid, e.g. 64x4096,8x32768")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="CPU only: where valuelab.gae's time goes on each shape and dtype (breakdown); "
+                         "--out writes the results as JSON")
     ap.add_argument("--runs", type=int, default=1,
                     help="time the grid this many times (the large-batch target takes the median of the runs)")
     ap.add_argument("--repeats", type=int, default=0, help="rounds of the interleaved timing of the fast paths (default 61, quick 15)")
@@ -933,8 +1034,33 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
             assert all(len(bt) == 2 and bt[0] > 0 and bt[1] > 0 for bt in grid)
         except (ValueError, AssertionError):
             ap.error(f"--shapes: expected a list like 64x4096,8x32768, got {args.shapes!r}")
+    if args.breakdown:
+        return _run_breakdown(args, argv, dtypes, grid, bool(mallopt))
     with contender_process(torch.get_num_threads(), bool(mallopt)) as call:
         return _run(args, argv, devices, dtypes, grid, bool(mallopt), call)
+
+
+def _run_breakdown(args: argparse.Namespace, argv: Optional[List[str]], dtypes: List[torch.dtype],
+                   grid: List[Tuple[int, int]], mallopt: bool) -> List[dict]:
+    """``--breakdown``: :func:`breakdown` for every shape and dtype, printed, and written as JSON with ``--out``."""
+    if not _native.available():
+        raise SystemExit(f"--breakdown needs the C kernel: {_native.status()}")
+    machine = machine_description(torch.get_num_threads(), mallopt, {
+        "torch_threads": torch.get_num_threads(), "pid": os.getpid(), "missing": {}, "scipy": None,
+        "torchrl": None, "tensordict": None})
+    found = [breakdown(B, T, dtype, rounds=args.repeats or 101) for dtype in dtypes for B, T in grid]
+    try:
+        machine["loadavg_at_end"] = os.getloadavg()
+    except (OSError, AttributeError):
+        pass
+    for line in breakdown_report(found):
+        print(line)
+    if args.out:
+        machine["command"] = "python -m valuelab.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        with open(args.out, "w") as fh:
+            json.dump({"machine": machine, "breakdown": found}, fh, indent=1)
+        print(f"wrote {args.out}")
+    return found
 
 
 def _run(args: argparse.Namespace, argv: Optional[List[str]], devices: List[torch.device], dtypes: List[torch.dtype],
