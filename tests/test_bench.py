@@ -16,6 +16,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -412,6 +414,11 @@ def test_the_raw_kernel_call_of_the_breakdown_computes_gae(dtype):
     want = bench.fast_gae(r, v, m, bench.GAMMA, bench.LAM)
     assert torch.equal(warm[0], want.advantages) and torch.equal(warm[1], want.returns)
     bench._kernel_call(r, v, m, 1)()  # fresh outputs: runs
+    # first thing in a fresh process, before anything has loaded the kernel
+    code = ("import torch, valuelab.bench as b; r, v, m = b.make_batch(2, 40, torch.float64, torch.device('cpu'), "
+            "holes=False); b._kernel_call(r, v, m, 1)()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
     with pytest.raises(TypeError, match="values"):  # the boundary's own check, before C sees a pointer
         bench._kernel_call(r, v.long(), m, 1)
 

@@ -735,9 +735,9 @@ def _kernel_call(r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, threads: int
     before its pointer reaches C, as in :func:`valuelab._native.scan`; what is
     left out is the rest of the public call (argument checks, dispatch).
     """
+    if not _native.available():  # loads it on a first use
+        raise RuntimeError(f"the C kernel is not available: {_native.status()}")
     fn = _native._fn
-    if fn is None:
-        raise RuntimeError(f"the C kernel is not loaded: {_native.status()}")
     shape, dtype = tuple(r.shape), r.dtype
     B, T = shape
     r, v = _native._for_c(r, "rewards", dtype, shape), _native._for_c(v, "values", dtype, shape)
