@@ -8,10 +8,13 @@ where no C compiler works, ``pip install`` still succeeds, with a warning,
 and the CPU then takes the PyTorch block scan.
 
 The build is portable: no ``-march=native``, since the built file may run
-on another CPU. On x86-64 the kernel's per-rows functions are compiled once
-per instruction set (``target_clones`` in the C file) and the best one the
-CPU has is picked when the library loads; where the compiler or the C
-library cannot do that, the build is retried for the baseline target alone.
+on another CPU. On x86-64 the kernel is compiled once per vector width
+(64, 32 and 16 bytes: AVX-512, AVX2, the baseline; target attributes in the
+C file) and the widest the CPU has is picked when the library loads; where
+the compiler cannot do that, the build is retried for the baseline alone.
+The first try adds ``-fopenmp``, so that the kernel shares PyTorch's OpenMP
+threads (the C file says how); a compiler without OpenMP gets the kernel's
+own thread pool.
 A build is kept only if the library then loads and computes a known
 discounted return (:func:`_smoke_test`), so a compiler that writes nothing
 or garbage (``CC=/bin/true``) leaves no library behind.
@@ -34,7 +37,9 @@ from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformE
 HERE = Path(__file__).resolve().parent
 SOURCE = "lib/valuelab/_gae_kernel.c"  # relative, as setuptools wants it
 FLAGS = ["-O3", "-ffp-contract=fast", "-pthread", "-Wno-psabi"]  # no -march=native: see the docstring
-FALLBACK_DEFINES: List[List[str]] = [[], ["-DVALUELAB_NO_CLONES"]]  # the first that builds and runs wins
+# the first that builds and runs wins: with OpenMP (threads shared with PyTorch's libgomp), then without
+# (the kernel's own pthread pool), each with a kernel per vector width, then with the baseline's alone
+FALLBACK_DEFINES: List[List[str]] = [["-fopenmp"], ["-fopenmp", "-DVALUELAB_NO_CLONES"], [], ["-DVALUELAB_NO_CLONES"]]
 _BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 
 
@@ -76,7 +81,7 @@ class BuildKernel(build_ext):
         errors = []
         for defines in FALLBACK_DEFINES:
             ext.extra_compile_args = FLAGS + [f'-DVALUELAB_SOURCE_SHA256="{_source_sha256()}"'] + defines
-            ext.extra_link_args = ["-pthread"]
+            ext.extra_link_args = ["-pthread"] + [d for d in defines if d == "-fopenmp"]
             if os.path.exists(target):
                 os.unlink(target)  # also forces the rebuild (build_ext skips an up-to-date target)
             try:

@@ -44,8 +44,8 @@ the named slips; ``--until N`` runs no cell after cell ``N``.
 
 Forking is safe here because the caller starts this process with
 ``OMP_NUM_THREADS=1`` (a forked child cannot use an OpenMP pool its parent
-started; with one thread there is none) and valuelab's own thread pool
-resets itself in a forked child.
+started; with one thread there is none; the C kernel, built with OpenMP,
+uses its own pool in a forked child, and that pool resets itself there).
 
 The report (JSON) maps ``"<baseline>"`` and each slip's name to
 ``{"error": exception name or None, "message": ..., "cell": index}``; a

@@ -231,12 +231,32 @@ def _bind(monkeypatch, path: Path) -> str:
     return target().decode()
 
 
+def _cpu_flags() -> List[str]:
+    return open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+
+
+def _widest(max_bytes: int = 64) -> str:
+    """What valuelab_target() says on this CPU for a build whose widest kernel has ``max_bytes`` vectors."""
+    flags = _cpu_flags()
+    if not X86_64:
+        return "16-byte vectors (single target)"
+    if max_bytes >= 64 and {"avx512f", "avx512vl", "fma"} <= set(flags):
+        return "64-byte vectors (AVX-512)"
+    if max_bytes >= 32 and {"avx2", "fma"} <= set(flags):
+        return "32-byte vectors (AVX2)"
+    return "16-byte vectors (baseline)"
+
+
 VARIANTS = {  # name: (extra flags, what valuelab_target() says)
-    "clones": ([], "clone"),
-    "avx2-and-baseline": (['-DVALUELAB_TARGETS="avx2","default"'], 'one of target_clones("avx2","default")'),
-    "single-target": (["-DVALUELAB_NO_CLONES"], "single target"),
-    # every call streams its outputs (non-temporal stores, blocks aligned to cache lines): the same results
-    "streaming": (["-DVALUELAB_STREAM_BYTES=0"], "clone"),
+    "widest": ([], _widest()),
+    "max-32": (["-DVALUELAB_MAX_VECTOR=32"], _widest(32)),  # the AVX2 kernel on an AVX-512 CPU
+    "single-target": (["-DVALUELAB_NO_CLONES"], "16-byte vectors (single target)"),
+    # every call streams its outputs (non-temporal stores, blocks aligned to cache lines): the same results,
+    # with each width's own store instruction
+    "streaming": (["-DVALUELAB_STREAM_BYTES=0"], _widest()),
+    "streaming-max-32": (["-DVALUELAB_STREAM_BYTES=0", "-DVALUELAB_MAX_VECTOR=32"], _widest(32)),
+    "streaming-single-target": (["-DVALUELAB_STREAM_BYTES=0", "-DVALUELAB_NO_CLONES"],
+                                "16-byte vectors (single target)"),
 }
 
 
@@ -264,8 +284,6 @@ def variant_builds(tmp_path_factory):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_every_build_variant_gives_the_same_results(compiler, variant, variant_builds, monkeypatch):
-    if variant != "single-target" and not X86_64:
-        pytest.skip("target clones are built on x86-64 only")
     target = _bind(monkeypatch, variant_builds(compiler, variant))
     assert VARIANTS[variant][1] in target  # the variant asked for is the one built
     _results_match_the_oracle()
@@ -279,11 +297,21 @@ def test_the_install_build_is_portable():
 
 @needs_kernel
 def test_the_installed_kernel_runs_the_best_clone_this_cpu_has():
-    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
-    want = "avx512f clone" if "avx512f" in flags else "avx2 clone" if "avx2" in flags else "default clone"
-    if not X86_64:
-        want = "single target"
-    assert _native.status() == f"C kernel ({want})"
+    assert _native.status().startswith(f"C kernel ({_widest()}; threads: ")
+
+
+@needs_kernel
+@pytest.mark.skipif(sys.platform != "linux", reason="libgomp and /proc/self/maps")
+def test_the_installed_kernel_shares_pytorchs_openmp_runtime():
+    # built with -fopenmp (setup.py's first try, which works with gcc here): the kernel's threads are
+    # PyTorch's, so one libgomp is mapped, the one torch loaded, not a second runtime beside it
+    if "OpenMP" not in _native.status():
+        pytest.skip(f"built without OpenMP: {_native.status()}")
+    code = ("import torch, valuelab._native as n; assert n.available(); "
+            "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    mapped = ast.literal_eval(out.stdout.strip())
+    assert len(mapped) == 1 and Path(mapped[0]).parent == Path(torch.__file__).parent / "lib", mapped
 
 
 def _setup_build_ext(tmp_path: Path, cc: str):
@@ -600,10 +628,17 @@ def test_cuda_tensors_never_reach_the_kernel():
 
 
 
-def test_lanes_fill_one_64_byte_vector():
+def test_widths_fill_64_32_and_16_byte_vectors():
     # the widths the chapter's SymPy proof uses are the kernel's, read from its source
-    assert _native.lanes() == {torch.float32: 16, torch.float64: 8}
-    assert all(w * torch.tensor([], dtype=dt).element_size() == 64 for dt, w in _native.lanes().items())
+    assert _native.widths() == {torch.float32: (16, 8, 4), torch.float64: (8, 4, 2)}
+    for dt, ws in _native.widths().items():
+        assert [w * torch.tensor([], dtype=dt).element_size() for w in ws] == [64, 32, 16]
+
+
+@needs_kernel
+def test_lanes_are_the_width_this_cpu_runs():
+    size = int(_widest().split("-")[0])
+    assert _native.lanes() == {torch.float32: size // 4, torch.float64: size // 8}
 
 
 def _info(env=None, code=None):
@@ -620,8 +655,12 @@ def test_info_prints_the_versions_the_path_and_the_widths():
     assert lines["torch"] == torch.__version__
     assert lines["CPU path"] == _native.status()
     assert lines["library"] == (str(INSTALLED) if _native.available() else "none loaded")
-    assert lines["vector width float32"] == "16 lanes (64 bytes)"
-    assert lines["vector width float64"] == "8 lanes (64 bytes)"
+    size = int(_widest().split("-")[0]) if _native.available() else None
+    if size is None:
+        assert lines["vector width"] == "none (the C kernel is not loaded)"
+    else:
+        assert lines["vector width float32"] == f"{size // 4} lanes ({size} bytes)"
+        assert lines["vector width float64"] == f"{size // 8} lanes ({size} bytes)"
 
 
 def test_info_when_switched_off():
@@ -715,13 +754,11 @@ def test_a_forked_child_gets_the_same_bits(monkeypatch):
 
 
 @needs_compiler
-@pytest.mark.parametrize("variant", ["clones", "streaming"])
+@pytest.mark.parametrize("variant", ["widest", "streaming", "streaming-max-32", "streaming-single-target"])
 def test_a_non_finite_input_anywhere_in_a_long_row_clears_the_finite_flag(variant, variant_builds, monkeypatch):
     """The kernel sums only the returns of valid tokens (and the inputs of masked ones): a NaN or an infinity at
     any position, valid (first or last of a run, inside a vector block) or masked, still clears its flag, and
     ``valuelab.gae`` names the argument; finite inputs leave the flag set."""
-    if not X86_64:
-        pytest.skip("target clones are built on x86-64 only")
     _bind(monkeypatch, variant_builds(COMPILERS[0], variant))
     gen = torch.Generator().manual_seed(11)
     B, T = 2, 700

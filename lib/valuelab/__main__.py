@@ -3,8 +3,8 @@
 Prints the valuelab and torch versions, the CPU path in use
 (:func:`valuelab._native.status`: the C kernel and the code it runs, or the
 PyTorch block scan and why), the file the kernel was loaded from, and the
-kernel's vector width W per dtype (:func:`valuelab._native.lanes`, the W of
-:eq:`eq-fast-vector-scan`). Exits 0 whichever path it is.
+vector width W per dtype of the kernel this CPU runs (:func:`valuelab._native.lanes`,
+the W of :eq:`eq-fast-vector-scan`). Exits 0 whichever path it is.
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ def info() -> str:
         f"CPU path: {_native.status()}",
         f"library: {path if path is not None else 'none loaded'}",
     ]
-    try:
-        widths = _native.lanes()
-    except OSError as e:  # the kernel's source is not installed
-        return "\n".join(lines + [f"vector width: unknown ({e})"])
+    widths = _native.lanes()
+    if widths is None:
+        return "\n".join(lines + ["vector width: none (the C kernel is not loaded)"])
     for dtype, w in widths.items():
         size = torch.tensor([], dtype=dtype).element_size()
         lines.append(f"vector width {str(dtype).replace('torch.', '')}: {w} lanes ({w * size} bytes)")

@@ -11,12 +11,13 @@
  * compiles on its own: cc -O3 -ffp-contract=fast -fPIC -shared -pthread.
  *
  * Portable builds: no -march=native (the built file may run on another
- * CPU). On x86-64 ELF with glibc, the per-rows entry functions are compiled
- * once per target of VALUELAB_TARGETS (function multi-versioning,
- * target_clones; the loader picks the best the CPU has) and every helper
- * they call is always inlined, so it is compiled for the clone's target
- * too. -DVALUELAB_NO_CLONES builds the default target only;
- * -DVALUELAB_TARGETS='"avx2","default"' another set (the tests build both).
+ * CPU). On x86-64 the kernel is compiled once per vector width -- 64, 32
+ * and 16 bytes, for AVX-512, AVX2 and the baseline, each with a target
+ * attribute -- and the widest the CPU supports runs (see "Vector widths"
+ * below); every helper a width's entry function calls is always inlined,
+ * so it is compiled for that target too. -DVALUELAB_NO_CLONES builds the
+ * 16-byte kernel alone; -DVALUELAB_MAX_VECTOR=32 the 32- and 16-byte ones
+ * (the tests build both).
  *
  * For each row, backwards from its end, the mask is cut into runs of valid
  * tokens and runs of masked tokens (the mask bytes are read 64, then 8 at a time).
@@ -60,27 +61,41 @@
 #define STR_(...) #__VA_ARGS__
 #define STR(...) STR_(__VA_ARGS__)
 
-/* The targets the per-rows functions are compiled for on x86-64: AVX-512F (which has FMA), AVX2, the
-   baseline (SSE2). Feature names, not "arch=x86-64-v3": Clang 14 accepts those but dispatches them wrongly. */
-#ifndef VALUELAB_TARGETS
-#define VALUELAB_TARGETS "avx512f", "avx2", "default"
-#define VALUELAB_DEFAULT_TARGETS 1
-#endif
-#if defined(__has_attribute)
-#if __has_attribute(target_clones) && defined(__x86_64__) && defined(__ELF__) && defined(__GLIBC__) && \
-    !defined(VALUELAB_NO_CLONES)
-#define CLONES __attribute__((target_clones(VALUELAB_TARGETS)))
+/*
+ * Vector widths. A vector holds W tokens; each width has a kernel of its own (DEFINE_KERNEL below), since a
+ * 64-byte vector compiled for a 32-byte machine is two registers whose lane shifts cross between them (eight
+ * times slower than the 32-byte kernel there, measured on AVX2). On x86-64, with GCC or Clang, three are
+ * compiled -- 64-byte vectors for AVX-512 (16 float32 or 8 float64 tokens), 32-byte ones for AVX2 with FMA
+ * (8 or 4) and 16-byte ones for the baseline, SSE2 (4 or 2) -- each with a target attribute, and the widest
+ * the CPU and the OS support is picked once, when the library loads (pick_vector_bytes). Elsewhere (ARM's
+ * NEON, ...) the 16-byte kernel alone. -DVALUELAB_NO_CLONES builds the 16-byte kernel alone;
+ * -DVALUELAB_MAX_VECTOR=32 leaves the 64-byte one out (the tests build both).
+ */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(VALUELAB_NO_CLONES)
 #define VALUELAB_CLONED 1
+#ifndef VALUELAB_MAX_VECTOR
+#define VALUELAB_MAX_VECTOR 64
 #endif
+#define ON_64 __attribute__((target("avx512f,avx512vl,fma")))
+#define ON_32 __attribute__((target("avx2,fma")))
+#else
+#undef VALUELAB_MAX_VECTOR
+#define VALUELAB_MAX_VECTOR 16
 #endif
-#ifndef CLONES
-#define CLONES
-#endif
+#define ON_16 /* the baseline */
 
-typedef float vf32 __attribute__((vector_size(64)));     /* 16 lanes */
-typedef int32_t vi32 __attribute__((vector_size(64)));
-typedef double vf64 __attribute__((vector_size(64)));    /* 8 lanes */
-typedef int64_t vi64 __attribute__((vector_size(64)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef double f64x8 __attribute__((vector_size(64)));
+typedef double f64x4 __attribute__((vector_size(32)));
+typedef double f64x2 __attribute__((vector_size(16)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+typedef int64_t i64x8 __attribute__((vector_size(64)));
+typedef int64_t i64x4 __attribute__((vector_size(32)));
+typedef int64_t i64x2 __attribute__((vector_size(16)));
 
 #define ALL_VALID 0x0101010101010101ULL /* 8 bool bytes, all true */
 /* A call that writes at least this many bytes of outputs streams them past the caches (non-temporal stores):
@@ -129,36 +144,41 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
     return s;
 }
 
-/* y_i <- y_i + c^k y_{i+k} (0 past the last lane), for k = 1, 2, 4, ... < W: eq-fast-vector-scan */
-#if defined(__clang__) /* the same lane selection: lanes of (x, z) concatenated */
-#define SHIFT16(x, z, k)                                                                              \
+/* The lanes k .. k + W - 1 of (x, z) concatenated: x shifted down by k lanes, z's first lanes filling in. */
+#if defined(__clang__)
+#define SH16(x, z, k)                                                                                 \
     __builtin_shufflevector(x, z, 0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k, 8 + k, 9 + k, \
                             10 + k, 11 + k, 12 + k, 13 + k, 14 + k, 15 + k)
-#define SHIFT8(x, z, k) __builtin_shufflevector(x, z, 0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k)
+#define SH8(x, z, k) __builtin_shufflevector(x, z, 0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k)
+#define SH4(x, z, k) __builtin_shufflevector(x, z, 0 + k, 1 + k, 2 + k, 3 + k)
+#define SH2(x, z, k) __builtin_shufflevector(x, z, 0 + k, 1 + k)
+#define SH16F SH16
+#define SH8F SH8
+#define SH4F SH4
+#define SH8D SH8
+#define SH4D SH4
+#define SH2D SH2
 #else
-#define SHIFT16(x, z, k) \
-    __builtin_shuffle(x, z, (vi32){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k, \
-                                   8 + k, 9 + k, 10 + k, 11 + k, 12 + k, 13 + k, 14 + k, 15 + k})
-#define SHIFT8(x, z, k) __builtin_shuffle(x, z, (vi64){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k})
+#define SH16F(x, z, k) \
+    __builtin_shuffle(x, z, (i32x16){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k, \
+                                     8 + k, 9 + k, 10 + k, 11 + k, 12 + k, 13 + k, 14 + k, 15 + k})
+#define SH8F(x, z, k) __builtin_shuffle(x, z, (i32x8){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k})
+#define SH4F(x, z, k) __builtin_shuffle(x, z, (i32x4){0 + k, 1 + k, 2 + k, 3 + k})
+#define SH8D(x, z, k) __builtin_shuffle(x, z, (i64x8){0 + k, 1 + k, 2 + k, 3 + k, 4 + k, 5 + k, 6 + k, 7 + k})
+#define SH4D(x, z, k) __builtin_shuffle(x, z, (i64x4){0 + k, 1 + k, 2 + k, 3 + k})
+#define SH2D(x, z, k) __builtin_shuffle(x, z, (i64x2){0 + k, 1 + k})
 #endif
-#define SCAN16(x, z, cp)                          \
-    do {                                          \
-        x = x + cp[0] * SHIFT16(x, z, 1);         \
-        x = x + cp[1] * SHIFT16(x, z, 2);         \
-        x = x + cp[2] * SHIFT16(x, z, 4);         \
-        x = x + cp[3] * SHIFT16(x, z, 8);         \
-    } while (0)
-#define SCAN8(x, z, cp)                           \
-    do {                                          \
-        x = x + cp[0] * SHIFT8(x, z, 1);          \
-        x = x + cp[1] * SHIFT8(x, z, 2);          \
-        x = x + cp[2] * SHIFT8(x, z, 4);          \
-    } while (0)
+/* y_i <- y_i + c^k y_{i+k} (0 past the last lane), for k = 1, 2, 4, ... < W: eq-fast-vector-scan */
+#define SCAN_STEP(x, z, cp, q, SH) x = x + cp[q] * SH(x, z, (1 << q))
+#define SCAN2(x, z, cp, SH) SCAN_STEP(x, z, cp, 0, SH)
+#define SCAN4(x, z, cp, SH) do { SCAN2(x, z, cp, SH); SCAN_STEP(x, z, cp, 1, SH); } while (0)
+#define SCAN8(x, z, cp, SH) do { SCAN4(x, z, cp, SH); SCAN_STEP(x, z, cp, 2, SH); } while (0)
+#define SCAN16(x, z, cp, SH) do { SCAN8(x, z, cp, SH); SCAN_STEP(x, z, cp, 3, SH); } while (0)
 
-#define DEFINE_KERNEL(NAME, T_, V_, W, SCAN, NT16, NTSTORE)                                                          \
+#define DEFINE_KERNEL(NAME, T_, V_, W, SCAN, SH, NTSTORE, ON)                                                          \
     /* One token of the recursion, t, whose next valid value is vnext; returns its A. Its return is   \
        added to *tail (the finiteness test: see NAME##_rows). */                                      \
-    INLINE T_ NAME##_step(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t t, T_ vnext,            \
+    INLINE ON T_ NAME##_step(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t t, T_ vnext,            \
                                  T_ gamma, T_ c, T_ A, T_ *tail) {                                    \
         if (v) {                                                                                      \
             A = (r[t] + gamma * vnext - v[t]) + c * A;                                                \
@@ -171,20 +191,15 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         *tail += ret[t]; /* a non-finite advantage makes its return non-finite (v[t] is finite) */    \
         return A;                                                                                     \
     }                                                                                                 \
-    /* Store one vector: a plain store, or (nt) non-temporal ones, 16 bytes at a time (dst 64-aligned). */ \
-    INLINE void NAME##_put(T_ *dst, const V_ *x, int nt) {                                           \
-        if (!nt) {                                                                                    \
+    /* Store one vector: a plain store, or (nt) a non-temporal one (dst aligned to the vector). */          \
+    INLINE ON void NAME##_put(T_ *dst, const V_ *x, int nt) {                                        \
+        if (nt)                                                                                       \
+            NTSTORE(dst, *x);                                                                         \
+        else                                                                                          \
             memcpy(dst, x, sizeof(V_));                                                               \
-            return;                                                                                   \
-        }                                                                                             \
-        for (int i = 0; i < (int)(sizeof(V_) / 16); ++i) {                                            \
-            NT16 q;                                                                                   \
-            memcpy(&q, (const char *)x + 16 * i, 16);                                                 \
-            NTSTORE((T_ *)((char *)dst + 16 * i), q);                                                 \
-        }                                                                                             \
     }                                                                                                 \
     /* One valid run [s, e) of one row; *A_io and *nv_io carry in and out. */                         \
-    INLINE void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,          \
+    INLINE ON void NAME##_run(const T_ *r, const T_ *v, T_ *adv, T_ *ret, int64_t s, int64_t e,          \
                            T_ gamma, T_ c, const T_ *cp, const V_ *Pp, T_ PW, T_ *A_io, T_ *nv_io,    \
                            V_ *acc, int nt) { /* vectors by pointer: no vector argument in a clone's ABI */   \
         const V_ P = *Pp;                                                                             \
@@ -210,8 +225,8 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
                 xl = (xl + gamma * vnl) - vl;                                                         \
                 xh = (xh + gamma * vnh) - vh;                                                         \
             }                                                                                         \
-            SCAN(xl, zero, cp);                                                                       \
-            SCAN(xh, zero, cp);                                                                       \
+            SCAN(xl, zero, cp, SH);                                                                       \
+            SCAN(xh, zero, cp, SH);                                                                       \
             xl = xl + P * xh[0]; /* lo's local solution now runs to the end of hi */                  \
             xh = xh + P * A;                                                                          \
             xl = xl + (P * PW) * A; /* c^(2W - i) A */                                                \
@@ -235,7 +250,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
                 memcpy(&vn, v + p + 1, sizeof(V_));                                                   \
                 x = (x + gamma * vn) - vv; /* TD errors */                                            \
             }                                                                                         \
-            SCAN(x, zero, cp);                                                                        \
+            SCAN(x, zero, cp, SH);                                                                        \
             x = x + P * A; /* eq-fast-vector-carry */                                                 \
             A = x[0];                                                                                 \
             if (v) {                                                                                  \
@@ -253,7 +268,7 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         if (v) *nv_io = v[s];                                                                         \
     }                                                                                                 \
     /* *acc += x[s .. e - 1], a vector at a time (the inputs under a masked run). */                  \
-    INLINE void NAME##_add(const T_ *x, int64_t s, int64_t e, V_ *acc) {                              \
+    INLINE ON void NAME##_add(const T_ *x, int64_t s, int64_t e, V_ *acc) {                              \
         V_ sum = {0}, y;                                                                              \
         for (; s + W <= e; s += W) {                                                                  \
             memcpy(&y, x + s, sizeof(V_));                                                            \
@@ -266,10 +281,10 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
        masked runs is finite. That covers every input: at a valid token a non-finite r_t or v_t makes   \
        ret_t non-finite (ret_t = (r_t + gamma nv - v_t + c A) + v_t: an infinite v_t leaves inf - inf), \
        so the valid tokens' inputs need no sum of their own. nt: stream the outputs (VALUELAB_STREAM_BYTES), \
-       where adv and ret share their offset within a cache line. One clone per target (CLONES);        \
-       everything above is inlined into each. */                                                      \
-    CLONES static int NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot,         \
-                                  T_ *adv, T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1, int nt) { \
+       where adv and ret share their offset within a cache line. One per vector width, compiled for  \
+       its target (ON); everything above is inlined into it. */                                                      \
+    ON static int NAME##_rows(const T_ *r, const T_ *v, const uint8_t *m, const T_ *boot,             \
+                              T_ *adv, T_ *ret, int64_t T, T_ gamma, T_ c, int64_t b0, int64_t b1, int nt) { \
         V_ acc = {0};                                                                                 \
         T_ cp[4]; /* c, c^2, c^4, c^8 */                                                              \
         cp[0] = c;                                                                                    \
@@ -313,28 +328,56 @@ INLINE int64_t masked_run_start(const uint8_t *m, int64_t e) {
         return isfinite(total) ? 1 : 0;                                                               \
     }
 
-typedef float v4f32 __attribute__((vector_size(16)));
-typedef double v2f64 __attribute__((vector_size(16)));
-#if defined(__x86_64__) && defined(__clang__) /* movntps / movntpd: SSE and SSE2, in every x86-64 clone */
-#define NT_F32(p, q) __builtin_nontemporal_store(q, (v4f32 *)(p))
-#define NT_F64(p, q) __builtin_nontemporal_store(q, (v2f64 *)(p))
+/* Non-temporal stores of a whole vector (the streamed calls: VALUELAB_STREAM_BYTES), on x86-64; plain ones
+   elsewhere, where nt is never set. Each kernel uses its own width's instruction, inside its target. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define NT16F(p, x) _mm_stream_ps(p, (__m128)(x))
+#define NT8D_2(p, x) _mm_stream_pd(p, (__m128d)(x))
+#define NT8F(p, x) _mm256_stream_ps(p, (__m256)(x))
+#define NT4D(p, x) _mm256_stream_pd(p, (__m256d)(x))
+#define NT16F_64(p, x) _mm512_stream_ps(p, (__m512)(x))
+#define NT8D_64(p, x) _mm512_stream_pd(p, (__m512d)(x))
 #define CAN_STREAM 1
-#elif defined(__x86_64__)
-#define NT_F32(p, q) __builtin_ia32_movntps(p, q)
-#define NT_F64(p, q) __builtin_ia32_movntpd(p, q)
-#define CAN_STREAM 1
-#else /* elsewhere plain stores only (nt is never set) */
-#define NT_F32(p, q) memcpy(p, &(q), 16)
-#define NT_F64(p, q) memcpy(p, &(q), 16)
-#define CAN_STREAM 0
-#endif
-#if CAN_STREAM
-#define STORE_FENCE() __builtin_ia32_sfence()
+#define STORE_FENCE() _mm_sfence()
 #else
+#define NT_PLAIN(p, x) memcpy(p, &(x), sizeof(x))
+#define CAN_STREAM 0
 #define STORE_FENCE() ((void)0)
 #endif
-DEFINE_KERNEL(scan_f32, float, vf32, 16, SCAN16, v4f32, NT_F32)
-DEFINE_KERNEL(scan_f64, double, vf64, 8, SCAN8, v2f64, NT_F64)
+
+#if VALUELAB_MAX_VECTOR >= 64
+/* AVX-512's lane shifts with zero fill are one valignd / valignq each (the generic SH16F / SH8D compile to
+   two-source permutes: about 8 % more time per float32 token on a Zen 4 core) */
+#define SH16F_64(x, z, k) ((f32x16)_mm512_alignr_epi32((__m512i)(z), (__m512i)(x), k))
+#define SH8D_64(x, z, k) ((f64x8)_mm512_alignr_epi64((__m512i)(z), (__m512i)(x), k))
+DEFINE_KERNEL(scan_f32x16, float, f32x16, 16, SCAN16, SH16F_64, NT16F_64, ON_64)
+DEFINE_KERNEL(scan_f64x8, double, f64x8, 8, SCAN8, SH8D_64, NT8D_64, ON_64)
+#endif
+#if VALUELAB_MAX_VECTOR >= 32
+DEFINE_KERNEL(scan_f32x8, float, f32x8, 8, SCAN8, SH8F, NT8F, ON_32)
+DEFINE_KERNEL(scan_f64x4, double, f64x4, 4, SCAN4, SH4D, NT4D, ON_32)
+#endif
+#if defined(__x86_64__)
+DEFINE_KERNEL(scan_f32x4, float, f32x4, 4, SCAN4, SH4F, NT16F, ON_16)
+DEFINE_KERNEL(scan_f64x2, double, f64x2, 2, SCAN2, SH2D, NT8D_2, ON_16)
+#else
+DEFINE_KERNEL(scan_f32x4, float, f32x4, 4, SCAN4, SH4F, NT_PLAIN, ON_16)
+DEFINE_KERNEL(scan_f64x2, double, f64x2, 2, SCAN2, SH2D, NT_PLAIN, ON_16)
+#endif
+
+/* The vector width valuelab_scan runs, in bytes: the widest kernel built that this CPU and its OS support. */
+static int vector_bytes = 16;
+__attribute__((constructor)) static void pick_vector_bytes(void) {
+#if VALUELAB_MAX_VECTOR >= 32
+    __builtin_cpu_init(); /* the checks below include the OS's support of the registers (XCR0) */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) vector_bytes = 32;
+#endif
+#if VALUELAB_MAX_VECTOR >= 64
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+        vector_bytes = 64;
+#endif
+}
 
 typedef struct {
     const void *r, *v;
@@ -348,13 +391,24 @@ typedef struct {
     int finite; /* out */
 } job_t;
 
+#define RUN_ROWS(F32, F64)                                                                            \
+    (j->f64 ? F64(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, j->gamma, j->c, j->b0, j->b1, j->nt)   \
+            : F32(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, (float)j->gamma, (float)j->c, j->b0, j->b1, j->nt))
 static void *run_job(void *arg) {
     job_t *j = (job_t *)arg;
-    if (j->f64)
-        j->finite = scan_f64_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, j->gamma, j->c, j->b0, j->b1, j->nt);
-    else
-        j->finite = scan_f32_rows(j->r, j->v, j->m, j->boot, j->adv, j->ret, j->T, (float)j->gamma, (float)j->c,
-                                  j->b0, j->b1, j->nt);
+#if VALUELAB_MAX_VECTOR >= 64
+    if (vector_bytes == 64) {
+        j->finite = RUN_ROWS(scan_f32x16_rows, scan_f64x8_rows);
+        return NULL;
+    }
+#endif
+#if VALUELAB_MAX_VECTOR >= 32
+    if (vector_bytes == 32) {
+        j->finite = RUN_ROWS(scan_f32x8_rows, scan_f64x4_rows);
+        return NULL;
+    }
+#endif
+    j->finite = RUN_ROWS(scan_f32x4_rows, scan_f64x2_rows);
     return NULL;
 }
 
@@ -362,7 +416,8 @@ static void *run_job(void *arg) {
 #define MAX_CHUNKS 64 /* of rows, per call */
 
 /*
- * A persistent pool of worker threads that *help*. Starting a thread costs
+ * Without OpenMP, or in a forked child (see below), a persistent pool of
+ * worker threads that *help*. Starting a thread costs
  * tens of microseconds to a millisecond on a small VM, and waking a sleeping
  * one tens to a hundred -- as much as the whole scan of a 64 x 4096 batch.
  * So the rows are cut into chunks, and the caller's thread starts on them
@@ -407,7 +462,28 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+#if defined(_OPENMP)
+/*
+ * Built with -fopenmp (setup.py's first try), a call's chunks run on OpenMP
+ * threads instead. The library needs libgomp.so.1; PyTorch's Linux wheels
+ * ship and load a libgomp.so.1 of their own before valuelab loads this file,
+ * so the dynamic linker binds this one to the same runtime: the kernel then
+ * runs on PyTorch's intra-op threads -- the ones that spin after each op
+ * (GOMP_SPINCOUNT) and would otherwise compete with a pool of our own for
+ * the cores -- and they join a call at once. libgomp's threads do not survive
+ * fork() (a forked child that enters a parallel region after its parent used
+ * one waits forever, PyTorch's own ops included), so a forked child uses the
+ * pthread pool below: in_forked_child is set by the atfork handler, which a
+ * constructor registers when the library loads.
+ */
+#include <omp.h>
+static volatile int in_forked_child;
+#endif
+
 static void pool_after_fork_in_child(void) {
+#if defined(_OPENMP)
+    in_forked_child = 1;
+#endif
     pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     pool_busy = m;
@@ -462,12 +538,15 @@ static void *pool_worker(void *arg) {
     return NULL;
 }
 
+/* The fork handler, registered when the library loads (before any thread of ours or of OpenMP's exists). */
+__attribute__((constructor)) static void pool_register_fork_handler(void) {
+    pool_fork_handler = pthread_atfork(NULL, NULL, pool_after_fork_in_child) == 0;
+}
+
 /* Start workers until there are `want` (or starting one fails). Called with pool_busy held. */
 static void pool_grow(int want) {
-    if (!pool_fork_handler) {
-        pthread_atfork(NULL, NULL, pool_after_fork_in_child);
-        pool_fork_handler = 1;
-    }
+    if (!pool_fork_handler) /* registration failed at load: retry, as before any worker starts */
+        pool_fork_handler = pthread_atfork(NULL, NULL, pool_after_fork_in_child) == 0;
     while (pool_size < want && pool_size + 1 < MAX_THREADS) {
         pthread_t th;
         pthread_attr_t attr;
@@ -538,26 +617,43 @@ int valuelab_scan(const void *r, const void *v, const uint8_t *m, const void *bo
         job_t j = {r, v, m, boot, adv, ret, T, b0, b0 + per < B ? b0 + per : B, gamma, c, f64, nt, 0};
         jobs[n++] = j;
     }
-    pool_grow(nthreads - 1);
-    pool_run(jobs, n, nthreads - 1);
+#if defined(_OPENMP)
+    if (!in_forked_child) { /* contiguous shares: the region's end waits for every thread anyway */
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int i = 0; i < n; ++i) run_job(&jobs[i]);
+    } else
+#endif
+    {
+        pool_grow(nthreads - 1);
+        pool_run(jobs, n, nthreads - 1);
+    }
     pthread_mutex_unlock(&pool_busy);
     int finite = 1;
     for (int i = 0; i < n; ++i) finite &= jobs[i].finite;
     return finite;
 }
 
-/* The code valuelab_scan runs on this CPU, by the rule the clones' resolver follows (the first target of
-   VALUELAB_TARGETS the CPU supports), for python -m valuelab info. */
+/* The kernel valuelab_scan runs on this CPU (pick_vector_bytes), for python -m valuelab info. */
 const char *valuelab_target(void) {
-#if defined(VALUELAB_CLONED) && defined(VALUELAB_DEFAULT_TARGETS)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return "avx512f clone";
-    if (__builtin_cpu_supports("avx2")) return "avx2 clone";
-    return "default clone";
-#elif defined(VALUELAB_CLONED)
-    return "one of target_clones(" STR(VALUELAB_TARGETS) ")";
+    if (vector_bytes == 64) return "64-byte vectors (AVX-512)";
+    if (vector_bytes == 32) return "32-byte vectors (AVX2)";
+#if defined(VALUELAB_CLONED)
+    return "16-byte vectors (baseline)";
 #else
-    return "single target";
+    return "16-byte vectors (single target)";
+#endif
+}
+
+/* The width of the vectors valuelab_scan runs, in bytes (W = this / the dtype's size). */
+int valuelab_vector_bytes(void) { return vector_bytes; }
+
+/* Whose threads share a call's rows, for python -m valuelab info. */
+const char *valuelab_threading(void) {
+#if defined(_OPENMP)
+    return in_forked_child ? "own pthread pool (a forked child: OpenMP's threads did not survive fork)"
+                           : "OpenMP (the runtime PyTorch loaded, where it is libgomp.so.1)";
+#else
+    return "own pthread pool";
 #endif
 }
 

@@ -52,7 +52,7 @@ import torch
 
 from ._checks import env_switch
 
-__all__ = ["available", "status", "disabled", "scan", "threads_for", "lanes", "library_path"]
+__all__ = ["available", "status", "disabled", "scan", "run", "plain", "threads_for", "lanes", "widths", "library_path"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SOURCE = PACKAGE_DIR / "_gae_kernel.c"
@@ -69,6 +69,7 @@ _status = "not loaded yet"
 _warned = False
 _enabled = env_switch("VALUELAB_NATIVE", True)  # 0/false/no/off (any case) switch the kernel off
 _stat = os.stat  # the ownership check's stat (the tests replace it)
+_vector_bytes: Callable[[], int]  # valuelab_vector_bytes of the loaded library (set by _open)
 
 
 class _NotForC(Exception):
@@ -131,18 +132,23 @@ def _open(path: Path) -> Tuple[Optional[Callable[..., int]], str]:
     except OSError as e:
         return None, f"the C kernel {path} does not load ({e}): {_FALLBACK}"
     try:
-        fn, built_from, target = lib.valuelab_scan, lib.valuelab_source_sha256, lib.valuelab_target
+        fn, built_from, target, threads = (lib.valuelab_scan, lib.valuelab_source_sha256, lib.valuelab_target,
+                                           lib.valuelab_threading)
+        lib.valuelab_vector_bytes
     except AttributeError as e:
         return None, f"the C kernel {path} lacks an entry point ({e}): {_FALLBACK}"
-    built_from.restype = target.restype = ctypes.c_char_p
-    built_from.argtypes = target.argtypes = []
+    built_from.restype = target.restype = threads.restype = ctypes.c_char_p
+    built_from.argtypes = target.argtypes = threads.argtypes = []
     source = _source_sha256()
     if source is not None and built_from() != source.encode():
         return None, (f"the C kernel {path} was built from another version of {SOURCE.name} "
                       f"(rebuild it: pip install -e . or pip install .): {_FALLBACK}")
     fn.restype = ctypes.c_int
     fn.argtypes = _ARGTYPES
-    return fn, f"C kernel ({target().decode()})"
+    global _vector_bytes
+    _vector_bytes = lib.valuelab_vector_bytes
+    _vector_bytes.restype, _vector_bytes.argtypes = ctypes.c_int, []
+    return fn, f"C kernel ({target().decode()}; threads: {threads().decode()})"
 
 
 def _load() -> Optional[Callable[..., int]]:
@@ -172,11 +178,27 @@ def _warn_fallback() -> None:
                   UserWarning, stacklevel=level)
 
 
-def lanes() -> Dict[torch.dtype, int]:
-    """Tokens per vector of the kernel, per dtype, read from ``DEFINE_KERNEL(...)`` in the source (W in chapter 9)."""
-    found = re.findall(r"^DEFINE_KERNEL\(scan_(f32|f64), \w+, \w+, (\d+),", SOURCE.read_text(), flags=re.M)
+def widths() -> Dict[torch.dtype, Tuple[int, ...]]:
+    """Every W the kernel is compiled for, per dtype, widest first, read from ``DEFINE_KERNEL(...)`` in the source.
+
+    One kernel per vector width (64, 32 and 16 bytes: AVX-512, AVX2, the
+    baseline), so ``{float32: (16, 8, 4), float64: (8, 4, 2)}``; the W of
+    :eq:`eq-fast-vector-scan` in chapter 9, whose SymPy proof runs for each.
+    """
+    found = re.findall(r"^DEFINE_KERNEL\(scan_(f32|f64)x\d+, \w+, \w+, (\d+),", SOURCE.read_text(), flags=re.M)
     names = {"f32": torch.float32, "f64": torch.float64}
-    return {names[k]: int(w) for k, w in found}
+    out: Dict[torch.dtype, Tuple[int, ...]] = {}
+    for k, w in found:
+        out[names[k]] = tuple(sorted(set(out.get(names[k], ())) | {int(w)}, reverse=True))
+    return out
+
+
+def lanes() -> Optional[Dict[torch.dtype, int]]:
+    """The W the loaded kernel runs on this CPU, per dtype (the widest of :func:`widths` it supports); None when not loaded."""
+    if _load() is None:
+        return None
+    size = _vector_bytes()
+    return {torch.float32: size // 4, torch.float64: size // 8}
 
 
 def available() -> bool:
@@ -216,12 +238,14 @@ _PARALLEL_GRAIN = 1 << 16  # elements per thread: tens of microseconds of work
 def threads_for(numel: int) -> int:
     """Threads the kernel may use for ``numel`` elements: one per ``_PARALLEL_GRAIN``, at most torch's.
 
-    The caller's thread and up to ``threads_for - 1`` workers of a persistent
-    pool inside the kernel (started on first use, then reused) share the
-    rows, chunk by chunk: a worker that is awake -- back-to-back calls --
-    halves the time on two cores, one that wakes late finds no chunk left
-    (``valuelab_scan`` in ``_gae_kernel.c``). Rows are independent, so the
-    result is the same bits whoever scans them.
+    The rows are cut into chunks that these threads take one at a time:
+    PyTorch's own OpenMP threads where the kernel was built with OpenMP (the
+    same runtime, ``libgomp.so.1``, so the threads that just ran a tensor
+    operation run GAE too), else -- and in a forked child, whose OpenMP
+    threads did not survive the fork -- the caller's thread and the workers
+    of a small pool inside the kernel (``valuelab_scan`` in
+    ``_gae_kernel.c``). Rows are independent, so the result is the same
+    bits whoever scans them.
     """
     return max(1, min(torch.get_num_threads(), numel // _PARALLEL_GRAIN))
 
@@ -252,16 +276,26 @@ def _for_c(x: object, name: str, dtype: torch.dtype, shape: Tuple[int, ...]) -> 
     :func:`_resolve`. (No conjugate bit to look at here: PyTorch sets it on
     complex tensors only, and ``dtype`` is real.)
     """
-    if (type(x) is _Tensor and x.is_cpu and x.dtype == dtype and not x.is_nested and x.shape == shape
+    return x if plain(x, dtype, shape) else _resolve(x, name, dtype, shape)
+
+
+def plain(x: object, dtype: torch.dtype, shape: Tuple[int, ...]) -> bool:
+    """Whether C may read ``x`` as it is: a plain, dense, contiguous CPU tensor of ``dtype`` and ``shape`` whose storage holds the view.
+
+    A few O(1) queries; False for anything :func:`_resolve` would have to
+    look at (a subclass, a tensor without storage as under ``torch.vmap``, a
+    freed storage, a zero tensor's NULL pointer, a negative bit, another
+    dtype, shape or device).
+    """
+    if not (type(x) is _Tensor and x.is_cpu and x.dtype == dtype and not x.is_nested and x.shape == shape
             and x.is_contiguous() and not x.is_neg()):
-        try:
-            have = x.untyped_storage().nbytes()
-        except (RuntimeError, NotImplementedError):  # no storage (torch.vmap, functionalization)
-            return _resolve(x, name, dtype, shape)
-        # contiguous: the view reaches numel elements; a NULL pointer (a zero tensor) goes to _resolve
-        if have >= x.storage_offset() * _ITEMSIZE[dtype] + x.nbytes and (x.data_ptr() != 0 or not x.numel()):
-            return x
-    return _resolve(x, name, dtype, shape)
+        return False
+    try:
+        have = x.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage (torch.vmap, functionalization)
+        return False
+    # contiguous: the view reaches numel elements; a NULL pointer (a zero tensor) is not plain
+    return have >= x.storage_offset() * _ITEMSIZE[dtype] + x.nbytes and (x.data_ptr() != 0 or not x.numel())
 
 
 def _check_dense(x: object, name: str) -> None:
@@ -390,8 +424,25 @@ def scan(
         b = None if bootstrap is None else _for_c(bootstrap, "bootstrap", dtype, (B,))
     except _NotForC:
         return None
+    return run(r, v, m, b, gamma, c)
+
+
+def run(
+    r: torch.Tensor,
+    v: Optional[torch.Tensor],
+    m: Optional[torch.Tensor],
+    b: Optional[torch.Tensor],
+    gamma: float,
+    c: float,
+) -> Tuple[Optional[torch.Tensor], torch.Tensor, bool]:
+    """:func:`scan` past its checks: fresh outputs, then one call of the loaded kernel.
+
+    Only for tensors :func:`_for_c` returned (or that pass :func:`plain`)
+    and a loaded kernel (:func:`available`): nothing is checked here.
+    """
     ret = _output(r, "returns")
     adv = None if v is None else _output(r, "advantages")
+    B, T = r.shape
     finite = True
     if B and T:
         finite = 1 == _fn(
@@ -401,6 +452,6 @@ def scan(
             None if b is None else b.data_ptr(),
             None if adv is None else adv.data_ptr(),
             ret.data_ptr(),
-            B, T, float(gamma), float(c), int(dtype == torch.float64), threads_for(B * T),
+            B, T, float(gamma), float(c), int(r.dtype == torch.float64), threads_for(B * T),
         )
     return adv, ret, finite

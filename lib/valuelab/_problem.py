@@ -49,7 +49,7 @@ from ._checks import (
     unit_scalar,
 )
 
-__all__ = ["Problem", "validate", "solve", "check_outputs"]
+__all__ = ["Problem", "validate", "solve", "check_outputs", "fast_gae"]
 
 Factor = Union[float, torch.Tensor]
 Pair = Tuple[Optional[torch.Tensor], torch.Tensor]
@@ -157,6 +157,39 @@ def validate(
         squeeze=squeeze,
         traced=traced(r, v, g, l, b),
     )
+
+
+def fast_gae(
+    rewards: object, values: object, mask: object, gamma: object, lam: object, bootstrap: object
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """``(advantages, returns)`` of :func:`valuelab.gae` for its commonest call, straight to the C kernel; else None.
+
+    The commonest call -- ``(B, T)`` float32 or float64 CPU tensors C can
+    read as they are (:func:`valuelab._native.plain`), a bool mask or None,
+    Python floats γ and λ in [0, 1], no bootstrap, nothing to differentiate,
+    no ``__torch_function__`` or dispatch mode -- needs none of
+    :func:`validate`'s conversions: it is recognised by O(1) queries and sent
+    to the kernel with the same γ, λ and c as :func:`solve` would send, so the
+    bits are the same. None for every other call (the caller then takes
+    :func:`validate` and :func:`solve`), and when the kernel says an input or
+    a sum was not finite (the full path then finds, and names, the entry).
+    Chapter 9, "Large batches" (the fixed price of a call).
+    """
+    if not (_native._fn is not None and _native._enabled and bootstrap is None
+            and type(gamma) is float and type(lam) is float and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0
+            and type(rewards) is torch.Tensor and not rewards.is_nested):  # a nested tensor has no .shape
+        return None
+    dtype, shape = rewards.dtype, rewards.shape
+    if (dtype != torch.float32 and dtype != torch.float64) or len(shape) != 2 or not shape[0] or not shape[1]:
+        return None
+    if not (_native.plain(rewards, dtype, shape) and _native.plain(values, dtype, shape)
+            and (mask is None or _native.plain(mask, torch.bool, shape))):
+        return None
+    if traced(rewards, values) or torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
+        return None
+    g, l = unit_scalar(gamma, "gamma", dtype), unit_scalar(lam, "lam", dtype)
+    adv, ret, finite = _native.run(rewards, values, mask, None, g, decay(g, l, dtype, True))
+    return (adv, ret) if finite else None
 
 
 def solve(p: Problem, general: Callable[[Problem], Pair]) -> Pair:

@@ -13,7 +13,7 @@ import torch
 from ._docs import padded_conventions
 from ._checks import check_nonnegative_scalar, dense, renamed
 from ._fastscan import fast_backward_scan, time_invariant_decay
-from ._problem import Problem, check_outputs, solve, validate
+from ._problem import Problem, check_outputs, fast_gae, solve, validate
 from ._scan import compact, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
@@ -105,6 +105,9 @@ def gae(
         >>> vl.gae(r, v, gamma=1.0, lam=1.0)  # λ = 1: Monte-Carlo returns
         GAEResult(advantages=tensor([0.5000, 0.4000, 0.2000]), returns=tensor([1., 1., 1.]))
     """
+    fast = fast_gae(rewards, values, mask, gamma, lam, bootstrap)  # the commonest call, in a few microseconds
+    if fast is not None:
+        return GAEResult(*fast)
     p = validate(rewards, values, mask, gamma, bootstrap, lam, need_values=True)
     adv, ret = solve(p, _general_gae)
     return GAEResult(p.out(adv), p.out(ret))
