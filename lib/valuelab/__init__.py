@@ -19,6 +19,8 @@ module                 what                                                   ch
 ``runtime``            device choice (cuda, else cpu) and seeding             all
 ``stats``              confidence intervals over seeds (mean, paired)         7, 8, 10
 ``bench``              the GAE benchmark (``python -m valuelab.bench``)       9
+``lm``                 SmolLM2-135M-Instruct read offline from its PyPI       (next)
+                       package; the response slice; Monte-Carlo values
 =====================  =====================================================  ==========
 
 How a call runs (internal modules, one per step or algorithm; chapter 9):
