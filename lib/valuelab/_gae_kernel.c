@@ -63,8 +63,9 @@
 
 /*
  * Vector widths. A vector holds W tokens; each width has a kernel of its own (DEFINE_KERNEL below), since a
- * 64-byte vector compiled for a 32-byte machine is two registers whose lane shifts cross between them (eight
- * times slower than the 32-byte kernel there, measured on AVX2). On x86-64, with GCC or Clang, three are
+ * 64-byte vector compiled for a 32-byte machine is two registers whose lane shifts cross between them (7 to 11
+ * times the 32-byte kernel's time per token, both built for AVX2 and timed on one Zen 4 core by
+ * tools/kernel_widths.py --before 0464cc9). On x86-64, with GCC or Clang, three are
  * compiled -- 64-byte vectors for AVX-512 (16 float32 or 8 float64 tokens), 32-byte ones for AVX2 with FMA
  * (8 or 4) and 16-byte ones for the baseline, SSE2 (4 or 2) -- each with a target attribute, and the widest
  * the CPU and the OS support is picked once, when the library loads (pick_vector_bytes). Elsewhere (ARM's
