@@ -182,6 +182,14 @@ def test_the_fast_path_declines_gradients_modes_and_a_switched_off_kernel():
         assert _problem.fast_gae(r, V, None, 1.0, 0.95, None) is not None
     with _Mode():
         assert _problem.fast_gae(R, V, None, 1.0, 0.95, None) is None
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Dispatch(TorchDispatchMode):  # a dispatch mode (as FakeTensorMode is) could replace empty_like's result
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with _Dispatch():
+        assert _problem.fast_gae(R, V, None, 1.0, 0.95, None) is None
     with _native.disabled():
         assert _problem.fast_gae(R, V, None, 1.0, 0.95, None) is None
     assert _problem.fast_gae(R, V, None, 1.0, 0.95, None) is not None
