@@ -230,6 +230,11 @@ def test_the_sampled_states_are_those_of_a_full_forward_pass(smol, prompts):
         full = model.model(input_ids=ro.sequences, attention_mask=att.long(), position_ids=pos).last_hidden_state
     diff = ((full - ro.hidden).abs() * att[..., None]).max()
     assert float(diff) < 1e-3, float(diff)
+    assert torch.equal(lm.forward_states(model, ro.sequences, att), full)  # the library's full pass is this one
+    with pytest.raises(TypeError, match="^sequences"):
+        lm.forward_states(model, ro.sequences.float(), att)
+    with pytest.raises(ValueError, match="^attention"):
+        lm.forward_states(model, ro.sequences, att[:, 1:])
     # the states one position off (each position against its neighbour's) are far apart: the check can fail
     assert float(((full[:, 1:] - ro.hidden[:, :-1]).abs() * att[:, 1:, None]).max()) > 1.0
     # after the end token: padding, not attended to, out of the mask

