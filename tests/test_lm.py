@@ -126,6 +126,12 @@ def test_a_slice_that_leaves_the_sequence_is_refused(P, T, shift):
         lm.response_positions(torch.zeros(2, 9), P, T, shift)
 
 
+def test_the_slice_takes_the_edges_that_stay_inside():
+    x = torch.arange(5.0)[None].expand(2, 5)
+    assert lm.response_positions(x, 0, 3, shift=0).tolist() == [[0.0, 1.0, 2.0]] * 2  # no prompt, read at t itself
+    assert lm.response_positions(x, 2, 0).shape == (2, 0)  # an empty response
+
+
 def test_the_slice_names_bad_arguments():
     with pytest.raises(TypeError, match="^x must be"):
         lm.response_positions([[1.0]], 1, 1)
@@ -170,6 +176,11 @@ def test_monte_carlo_values_refuse_what_they_cannot_estimate(bad, err):
         lm.monte_carlo_values(bad)
     with pytest.raises(ValueError, match="dim"):
         lm.monte_carlo_values(torch.zeros(3, 2), dim=2)
+
+
+def test_two_continuations_are_enough():
+    out = lm.monte_carlo_values(torch.tensor([[0.0, 1.0], [1.0, 1.0]]))
+    assert out.mean.tolist() == [0.5, 1.0] and abs(float(out.stderr[0]) - 0.5) < 1e-7 and float(out.stderr[1]) == 0
 
 
 # ---------------------------------------------------------------------------
@@ -328,6 +339,12 @@ def test_ridge_head_recovers_a_linear_value_and_leaves_the_bias_unpenalised():
         lm.ridge_head(x, y, -1.0)
     with pytest.raises(TypeError, match="^x must"):
         lm.ridge_head(x[:, 0], y, 1.0)
+    with pytest.raises(ValueError, match="two rows"):
+        lm.ridge_head(x[:1], y[:1], 1.0)
+    w32, b32 = lm.ridge_head(x.float(), y.float(), 1.0)  # solved in float64, returned in x's dtype
+    assert w32.dtype == b32.dtype == torch.float32
+    w2, b2 = lm.ridge_head(x[:2, :1], y[:2], 0.0)  # two rows, one feature: the line through both points
+    assert torch.allclose(x[:2, 0] * w2[0] + b2, y[:2], atol=1e-9)
 
 
 def test_the_corrected_slope_undoes_the_attenuation_of_a_noisy_truth():
@@ -346,6 +363,25 @@ def test_the_corrected_slope_undoes_the_attenuation_of_a_noisy_truth():
         lm.corrected_slope(estimate[:2], truth[:2], se[:2])
 
 
+def test_the_corrected_slope_is_the_formula_on_a_small_case():
+    # off-centre, unequal spreads, n = 6: the formula with its n - 1 divisors, computed here with numpy
+    a = np.array([3.0, 5.5, 4.0, 7.5, 6.0, 9.0])
+    A = np.array([10.0, 12.0, 11.0, 15.0, 13.0, 16.0])
+    se = np.array([0.5, 1.0, 0.8, 0.6, 1.2, 0.9])
+    cov = np.cov(a, A, ddof=1)[0, 1]
+    want = cov / (np.var(A, ddof=1) - np.mean(se ** 2))
+    got = lm.corrected_slope(torch.tensor(a), torch.tensor(A), torch.tensor(se))
+    assert abs(got - want) < 1e-12, (got, want)
+    assert abs(got - cov / np.var(A, ddof=1)) > 0.1  # the uncorrected slope is outside the band
+    assert abs(lm.corrected_slope(torch.tensor(a), torch.tensor(A), torch.zeros(6)) - cov / np.var(A, ddof=1)) < 1e-12
+    lm.corrected_slope(torch.tensor(a[:3]), torch.tensor(A[:3]), torch.zeros(3))  # three entries are enough
+    single = lm.corrected_slope(torch.tensor(a, dtype=torch.float32), torch.tensor(A, dtype=torch.float32),
+                                torch.tensor(se, dtype=torch.float32))  # taken in float64 whatever comes in
+    f32 = [torch.tensor(z, dtype=torch.float32).double().numpy() for z in (a, A, se)]
+    want32 = np.cov(f32[0], f32[1], ddof=1)[0, 1] / (np.var(f32[1], ddof=1) - np.mean(f32[2] ** 2))
+    assert abs(single - want32) < 1e-12
+
+
 def test_the_explained_variance_ceiling_of_binary_returns():
     # states with known values v; one observed return G ~ Bernoulli(v) each; K continuations estimate v.
     # The ceiling is var(v) / var(G) (the best critic, V itself, explains that much); with v uniform on [0, 1]:
@@ -361,3 +397,25 @@ def test_the_explained_variance_ceiling_of_binary_returns():
     assert abs(c - 5 / 12) > 0.05
     with pytest.raises(ValueError, match="one return"):
         lm.explained_variance_ceiling(mc, K, G[:-1])
+
+
+def test_the_explained_variance_ceiling_is_the_formula_with_counts_per_entry():
+    se = torch.tensor([0.1, 0.2, 0.15, 0.3], dtype=torch.float64)
+    g = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    values = lm.MonteCarloValues(torch.zeros(4, dtype=torch.float64), se)
+    k = torch.tensor([8, 56, 8, 8])
+    want = 1 - float((k * se ** 2).mean()) / float(np.var(g.numpy(), ddof=1))
+    assert abs(lm.explained_variance_ceiling(values, k, g) - want) < 1e-12
+    same = 1 - float((8 * se ** 2).mean()) / float(np.var(g.numpy(), ddof=1))
+    assert abs(lm.explained_variance_ceiling(values, 8, g) - same) < 1e-12  # an int: the same count everywhere
+    for bad in (1, torch.tensor([8, 1, 8, 8]), torch.tensor([8.0, 2.5, 8.0, 8.0])):
+        with pytest.raises(ValueError, match="^k must"):
+            lm.explained_variance_ceiling(values, bad, g)
+    with pytest.raises(TypeError, match="^k must"):
+        lm.explained_variance_ceiling(values, 8.0, g)
+    with pytest.raises(ValueError, match="one return"):
+        lm.explained_variance_ceiling(values, torch.tensor([8, 8]), g)
+    with pytest.raises(ValueError, match="spread"):
+        lm.explained_variance_ceiling(values, 8, torch.ones(4))
+    two = lm.MonteCarloValues(torch.zeros(2, dtype=torch.float64), se[:2])  # the least it reads: 2 entries, k = 2
+    assert abs(lm.explained_variance_ceiling(two, 2, g[:2]) - (1 - float((2 * se[:2] ** 2).mean()) / 0.5)) < 1e-12

@@ -381,14 +381,16 @@ def corrected_slope(estimate: torch.Tensor, truth: torch.Tensor, truth_stderr: t
     its denominator. Raises :class:`ValueError` when the noise explains all
     the spread of ``truth`` (the denominator is not positive).
     """
+    from .ppo import advantage_fit  # the plain slope, chapter 12's kappa
+
     a, A, se = (torch.as_tensor(z, dtype=torch.float64).reshape(-1) for z in (estimate, truth, truth_stderr))
     if not a.shape == A.shape == se.shape or a.numel() < 3:
         raise ValueError("estimate, truth and truth_stderr must hold the same number (>= 3) of entries")
-    dA = A - A.mean()
-    denom = float((dA * dA).sum()) / (A.numel() - 1) - float((se * se).mean())
-    if not denom > 0:
+    spread = float(A.var(correction=1))
+    signal = spread - float((se * se).mean())
+    if not signal > 0:
         raise ValueError("truth: its Monte-Carlo noise explains all of its spread; no slope can be read")
-    return float((dA * (a - a.mean())).sum()) / (A.numel() - 1) / denom
+    return advantage_fit(a, A, None, a.numel()).kappa * spread / signal
 
 
 class MonteCarloValues(NamedTuple):
@@ -435,12 +437,9 @@ def explained_variance_ceiling(values: MonteCarloValues, k, returns: torch.Tenso
     :math:`\operatorname{var}(G \mid s)`. ``returns``: the return observed
     from each state (the target of the statistic trainers log).
     """
-    if isinstance(k, torch.Tensor):
-        kk = k.to(torch.float64).reshape(-1)
-        if bool((kk < 2).any()) or bool((kk != kk.round()).any()):
-            raise ValueError("k must count at least 2 continuations per entry")
-    else:
-        kk = torch.tensor(float(check_positive_int(k, "k")), dtype=torch.float64)
+    kk = torch.as_tensor(k if isinstance(k, torch.Tensor) else check_int(k, "k"), dtype=torch.float64).reshape(-1)
+    if bool((kk < 2).any()) or bool((kk != kk.round()).any()):
+        raise ValueError("k must count at least 2 continuations (per entry)")
     g = torch.as_tensor(returns, dtype=torch.float64).reshape(-1)
     se = torch.as_tensor(values.stderr, dtype=torch.float64).reshape(-1)
     if g.shape != se.shape or g.numel() < 2 or kk.numel() not in (1, g.numel()):
