@@ -10,11 +10,11 @@ STAMP      := $(VENV)/.installed
 .PHONY: test unit nbval book colab execute mathjax clean mutation-score fuzz
 MATHJAX    := .cache/node_modules/mathjax/es5/tex-chtml.js
 BOOK       := _build/html/.built
-BOOK_SOURCES := $(wildcard chapters/*.ipynb *.md lib/valuelab/*.py lib/valuelab/data/* _ext/*.py _static/*) \
+BOOK_SOURCES := $(wildcard chapters/*.ipynb *.md lib/valuelab/*.py lib/valuelab/*/*.py lib/valuelab/lab/data/* _ext/*.py _static/*) \
                 _config.yml _toc.yml references.bib
 
 # The editable install also builds the C kernel (setup.py) into lib/valuelab: redone when its source changes.
-$(STAMP): requirements.txt requirements-trainers.txt requirements-peers.txt requirements-lm.txt pyproject.toml setup.py lib/valuelab/_gae_kernel.c
+$(STAMP): requirements.txt requirements-trainers.txt requirements-peers.txt requirements-lm.txt pyproject.toml setup.py lib/valuelab/_engine/_gae_kernel.c
 	@echo "==> [1/4] creating $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

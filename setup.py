@@ -1,8 +1,8 @@
-"""Build valuelab's CPU kernel, ``lib/valuelab/_gae_kernel.c``, when the package is installed.
+"""Build valuelab's CPU kernel, ``lib/valuelab/_engine/_gae_kernel.c``, when the package is installed.
 
 The metadata lives in ``pyproject.toml``; this file only declares the kernel
-as a setuptools extension, ``valuelab._gae_kernel`` (the shared library
-``valuelab/_gae_kernel<EXT_SUFFIX>``, which ``valuelab/_native.py`` loads
+as a setuptools extension, ``valuelab._engine._gae_kernel`` (the shared library
+``valuelab/_engine/_gae_kernel<EXT_SUFFIX>``, which ``valuelab/_engine/native.py`` loads
 through ctypes; chapter 9, "One pass in C"). The extension is *optional*:
 where no C compiler works, ``pip install`` still succeeds, with a warning,
 and the CPU then takes the PyTorch block scan.
@@ -35,7 +35,7 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformError
 
 HERE = Path(__file__).resolve().parent
-SOURCE = "lib/valuelab/_gae_kernel.c"  # relative, as setuptools wants it
+SOURCE = "lib/valuelab/_engine/_gae_kernel.c"  # relative, as setuptools wants it
 FLAGS = ["-O3", "-ffp-contract=fast", "-pthread", "-Wno-psabi"]  # no -march=native: see the docstring
 # the first that builds and runs wins: with OpenMP (threads shared with PyTorch's libgomp), then without
 # (the kernel's own pthread pool), each with a kernel per vector width, then with the baseline's alone
@@ -101,6 +101,6 @@ class BuildKernel(build_ext):
 
 
 setup(
-    ext_modules=[Extension("valuelab._gae_kernel", sources=[SOURCE], optional=True)],
+    ext_modules=[Extension("valuelab._engine._gae_kernel", sources=[SOURCE], optional=True)],
     cmdclass={"build_ext": BuildKernel},
 )

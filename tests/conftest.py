@@ -42,7 +42,7 @@ import contextlib
 
 import pytest
 
-from valuelab import _native
+from valuelab._engine import native as _native
 
 CPU_PATHS = ["c-kernel", "pytorch"]
 
@@ -58,6 +58,6 @@ def cpu_path_context(path: str):
 
 @pytest.fixture(params=CPU_PATHS)
 def cpu_path(request):
-    """Runs a test once on each CPU path of the fused estimators (valuelab._native, valuelab._fastscan)."""
+    """Runs a test once on each CPU path of the fused estimators (valuelab._engine.native, valuelab._engine.fastscan)."""
     with cpu_path_context(request.param):
         yield request.param

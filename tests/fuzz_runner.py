@@ -20,7 +20,7 @@ function:
   arguments is compared, bytes and metadata, before and after);
 * finite inputs never give a NaN or an inf in the result;
 * the result is correct: the target's oracle (``fuzz_targets``) checks it
-  against ``valuelab.reference`` or an independent computation.
+  against ``valuelab.lab.reference`` or an independent computation.
 
 Run as a script, this file is the worker: ``python tests/fuzz_runner.py``.
 """

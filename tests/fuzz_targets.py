@@ -2,13 +2,13 @@
 
 One entry per public function of ``valuelab``, ``valuelab.packed``,
 ``valuelab.losses``, ``valuelab.integrations`` (and its ``verl``,
-``openrlhf``, ``trl``, ``torchrl`` adapters), ``valuelab.stats``,
-``valuelab.policy``, ``valuelab.ppo``, ``valuelab.transformer`` and
+``openrlhf``, ``trl``, ``torchrl`` adapters), ``valuelab.lab.stats``,
+``valuelab.lab.policy``, ``valuelab.lab.ppo``, ``valuelab.lab.transformer`` and
 ``valuelab.distributed`` (``tests/test_fuzz.py`` fails when one is missing).
 An entry is a strategy of *valid* keyword arguments (recipes, see
 ``fuzz_recipes``; ``extreme=True`` draws hostile values in the documented
 shapes and types) and an oracle that checks a returned result: against
-``valuelab.reference`` or an independent computation (numpy loops, the
+``valuelab.lab.reference`` or an independent computation (numpy loops, the
 trainers' own code through ``valuelab.integrations.peers``, SciPy,
 exhaustive enumeration of a tiny world's responses). The hostile calls are
 made from the valid ones by ``fuzz_recipes.perturb`` (tests/test_fuzz.py).
@@ -87,18 +87,18 @@ NOT_FUZZED = {
     "valuelab.advantages.GAEResult": "NamedTuple of results",
     "valuelab.advantages.DecoupledGAE": "NamedTuple of results",
     "valuelab.losses.ValueLossStats": "NamedTuple of results",
-    "valuelab.stats.Interval": "frozen dataclass of results (pm is fuzzed with hostile Intervals)",
-    "valuelab.stats.Equivalence": "frozen dataclass of results",
+    "valuelab.lab.stats.Interval": "frozen dataclass of results (pm is fuzzed with hostile Intervals)",
+    "valuelab.lab.stats.Equivalence": "frozen dataclass of results",
     "valuelab.packed.Packing": "NamedTuple of results",
     "valuelab.integrations.trl.TRLBatch": "NamedTuple of results",
     "valuelab.integrations.torchrl.ValuelabBatch": "NamedTuple of results",
-    "valuelab.policy.PromptWorld": "frozen dataclass built by make_prompt_world (fuzzed there)",
-    "valuelab.policy.PolicyEvaluation": "NamedTuple of results",
-    "valuelab.policy.SoftOptimum": "NamedTuple of results",
-    "valuelab.policy.PromptBatch": "NamedTuple of results",
-    "valuelab.ppo.PolicyLoss": "NamedTuple of results",
-    "valuelab.ppo.AdvantageFit": "NamedTuple of results",
-    "valuelab.ppo.PPOHistory": "dataclass of results",
+    "valuelab.lab.policy.PromptWorld": "frozen dataclass built by make_prompt_world (fuzzed there)",
+    "valuelab.lab.policy.PolicyEvaluation": "NamedTuple of results",
+    "valuelab.lab.policy.SoftOptimum": "NamedTuple of results",
+    "valuelab.lab.policy.PromptBatch": "NamedTuple of results",
+    "valuelab.lab.ppo.PolicyLoss": "NamedTuple of results",
+    "valuelab.lab.ppo.AdvantageFit": "NamedTuple of results",
+    "valuelab.lab.ppo.PPOHistory": "dataclass of results",
 }
 
 
@@ -321,7 +321,7 @@ def as_batch(x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# the estimators: valuelab.discounted_returns ... decoupled_gae (reference: valuelab.reference)
+# the estimators: valuelab.discounted_returns ... decoupled_gae (reference: valuelab.lab.reference)
 # ---------------------------------------------------------------------------
 
 
@@ -402,12 +402,12 @@ def _scan(x: np.ndarray, d: np.ndarray, tail: float) -> np.ndarray:
 
 def estimator_expected(a: Args, kind: str, n: Optional[int] = None, lam: str = "lam"):
     """The outputs an estimator must return, and their tolerance: per row, the recursion on the valid tokens in float64
-    (the book's reference, ``valuelab.reference``, for rows of at most 12 valid tokens). The tolerance is rounding
+    (the book's reference, ``valuelab.lab.reference``, for rows of at most 12 valid tokens). The tolerance is rounding
     (a few eps times the magnitude of the terms) plus underflow: a decay product below the smallest subnormal is 0
     in IEEE arithmetic, so ``gamma = 1e-300`` times a reward of ``1e308`` two steps on (``1e-292``) is lost by a scan
     that forms ``gamma**2`` first (the doubling of the differentiable path) and kept by one that does not (the loop);
     both are right to within ``denorm_min * max|input|`` per term."""
-    from valuelab import reference  # noqa: PLC0415
+    from valuelab.lab import reference  # noqa: PLC0415
 
     p = estimator_args(a, lam if kind == "gae" else None)
     B, Tn = p.r.shape
@@ -612,7 +612,7 @@ def _kl_shaped(draw, ex):
 
 
 def _kl_shaped_oracle(a: Args, out: Any) -> None:
-    from valuelab import reference  # noqa: PLC0415
+    from valuelab.lab import reference  # noqa: PLC0415
 
     kw = a.kw
     lp = kw["logprobs"]
@@ -996,7 +996,7 @@ target("valuelab.losses.value_loss_stats", oracle=_loss_stats_oracle, defined=_l
 
 
 # ---------------------------------------------------------------------------
-# valuelab.runtime, valuelab.stats
+# valuelab.runtime, valuelab.lab.stats
 # ---------------------------------------------------------------------------
 
 SEEDS = st.one_of(st.integers(0, 2**63 - 1), st.sampled_from([0, 1, 2**32, 2**63 - 1, np.int64(7), np.uint32(5)]))
@@ -1062,7 +1062,7 @@ def _sample_of(x: Any, name: str) -> np.ndarray:
 
 
 def _check_interval(ci: Any, x: np.ndarray, level: float, name: str = "interval") -> None:
-    from valuelab.stats import Interval  # noqa: PLC0415
+    from valuelab.lab.stats import Interval  # noqa: PLC0415
 
     expect(isinstance(ci, Interval), f"{name} is a {type(ci).__name__}")
     n = x.size
@@ -1078,7 +1078,7 @@ def _check_interval(ci: Any, x: np.ndarray, level: float, name: str = "interval"
         expect(abs(getattr(ci, k) - want) <= tol + 1e-12 * scale, f"{name}.{k} = {getattr(ci, k)!r}, expected {want!r}")
 
 
-@target("valuelab.stats.mean_ci")
+@target("valuelab.lab.stats.mean_ci")
 def _mean_ci(draw, ex):
     return {"x": draw(sample(ex)), "level": draw(LEVEL)}
 
@@ -1091,10 +1091,10 @@ def _mean_ci_oracle(a: Args, out: Any) -> None:
         _check_interval(out, x, level)
 
 
-TARGETS["valuelab.stats.mean_ci"].oracle = _mean_ci_oracle
+TARGETS["valuelab.lab.stats.mean_ci"].oracle = _mean_ci_oracle
 
 
-@target("valuelab.stats.paired_ci")
+@target("valuelab.lab.stats.paired_ci")
 def _paired_ci(draw, ex):
     n = draw(st.integers(2, 12))
     return {"a": draw(sample(ex, n)), "b": draw(sample(ex, n)), "level": draw(LEVEL)}
@@ -1110,10 +1110,10 @@ def _paired_ci_oracle(a: Args, out: Any) -> None:
         _check_interval(out, d, level)
 
 
-TARGETS["valuelab.stats.paired_ci"].oracle = _paired_ci_oracle
+TARGETS["valuelab.lab.stats.paired_ci"].oracle = _paired_ci_oracle
 
 
-@target("valuelab.stats.t_quantile")
+@target("valuelab.lab.stats.t_quantile")
 def _t_quantile(draw, ex):
     p = draw(st.one_of(st.floats(0.5, 0.9995), st.sampled_from([0.5, 0.975, 0.995, 0.9995])))
     return {"p": p, "df": draw(st.one_of(st.integers(1, 60), st.sampled_from([1, 2, 1000, 10**6])))}
@@ -1131,10 +1131,10 @@ def _t_quantile_oracle(a: Args, out: Any) -> None:
         expect(abs(out - want) <= 1e-6 * max(1.0, abs(want)), f"t_quantile({p}, {df}) = {out!r}, scipy gives {want!r}")
 
 
-TARGETS["valuelab.stats.t_quantile"].oracle = _t_quantile_oracle
+TARGETS["valuelab.lab.stats.t_quantile"].oracle = _t_quantile_oracle
 
 
-@target("valuelab.stats.equivalence")
+@target("valuelab.lab.stats.equivalence")
 def _equivalence(draw, ex):
     return {"x": draw(sample(ex)), "margin": draw(st.one_of(st.floats(1e-3, 1e3), st.sampled_from([1, 0.5]))),
             "alpha": draw(st.one_of(st.floats(0.001, 0.25), st.sampled_from([0.05, 0.1])))}
@@ -1152,10 +1152,10 @@ def _equivalence_oracle(a: Args, out: Any) -> None:
     expect(out.equivalent == bool(-margin < ci.lo and ci.hi < margin), f"equivalent={out.equivalent} for {ci}")
 
 
-TARGETS["valuelab.stats.equivalence"].oracle = _equivalence_oracle
+TARGETS["valuelab.lab.stats.equivalence"].oracle = _equivalence_oracle
 
 
-@target("valuelab.stats.pm")
+@target("valuelab.lab.stats.pm")
 def _pm(draw, ex):
     if draw(st.booleans()):
         ci = O("interval_of", (draw(sample(False)), draw(LEVEL)))
@@ -1166,7 +1166,7 @@ def _pm(draw, ex):
 
 
 def _pm_oracle(a: Args, out: Any) -> None:
-    from valuelab.stats import Interval  # noqa: PLC0415
+    from valuelab.lab.stats import Interval  # noqa: PLC0415
 
     ci, d = a.kw["ci"], a.kw["decimals"]
     expect(isinstance(ci, Interval), f"accepted ci of type {type(ci).__name__}")
@@ -1175,7 +1175,7 @@ def _pm_oracle(a: Args, out: Any) -> None:
     expect(out == want, f"pm = {out!r:.80}, expected {want!r:.80}")
 
 
-TARGETS["valuelab.stats.pm"].oracle = _pm_oracle
+TARGETS["valuelab.lab.stats.pm"].oracle = _pm_oracle
 
 
 # ---------------------------------------------------------------------------
@@ -1849,7 +1849,7 @@ TARGETS["valuelab.integrations.torchrl.from_torchrl"].oracle = _from_torchrl_ora
 
 
 # ---------------------------------------------------------------------------
-# valuelab.policy: a tiny world, solved by enumerating every response
+# valuelab.lab.policy: a tiny world, solved by enumerating every response
 # ---------------------------------------------------------------------------
 
 
@@ -1870,7 +1870,7 @@ def score_scalar(count, length):
     return 1.0
 
 
-SCORE_FNS = {"count_good": "valuelab.policy.count_good", "length": "fuzz_targets.score_length",
+SCORE_FNS = {"count_good": "valuelab.lab.policy.count_good", "length": "fuzz_targets.score_length",
              "huge": "fuzz_targets.score_huge", "nan": "fuzz_targets.score_nan", "scalar": "fuzz_targets.score_scalar"}
 
 
@@ -1892,12 +1892,12 @@ def world_kwargs(draw, tiny=True):
 
 
 def _world(kw: Dict[str, Any]):
-    from valuelab.policy import make_prompt_world  # noqa: PLC0415
+    from valuelab.lab.policy import make_prompt_world  # noqa: PLC0415
 
     return make_prompt_world(**kw)
 
 
-@target("valuelab.policy.make_prompt_world", aliases=("eos_range",))
+@target("valuelab.lab.policy.make_prompt_world", aliases=("eos_range",))
 def _make_world(draw, ex):
     return draw(world_kwargs())
 
@@ -1926,7 +1926,7 @@ def _make_world_oracle(a: Args, w: Any) -> None:
     expect(w.score_table.shape == (L + 1, K + 1), f"score_table shape {w.score_table.shape}")
     f = kw.get("score_fn")
     if f is None:
-        from valuelab.policy import count_good as f  # noqa: PLC0415
+        from valuelab.lab.policy import count_good as f  # noqa: PLC0415
     for length in range(1, L + 1):
         for k in range(min(length, K) + 1):
             want = float(np.asarray(f(np.float64(k), np.float64(length))))
@@ -1934,12 +1934,12 @@ def _make_world_oracle(a: Args, w: Any) -> None:
                    f"score_table[{length}, {k}] = {w.score_table[length, k]}, score_fn gives {want}")
 
 
-TARGETS["valuelab.policy.make_prompt_world"].oracle = _make_world_oracle
+TARGETS["valuelab.lab.policy.make_prompt_world"].oracle = _make_world_oracle
 
 
 def enumerate_world(w, probs: np.ndarray, p: int):
     """Every response of prompt ``p`` under the policy table ``probs`` (P, L, C, K, V): (prob, disc. kl, disc. score, length)."""
-    from valuelab.world import EOS, GOOD  # noqa: PLC0415
+    from valuelab.lab.world import EOS, GOOD  # noqa: PLC0415
 
     out = []
     L, K = w.max_len, w.max_count
@@ -1988,7 +1988,7 @@ def make_probs(w, lead, kind, seed, container):
     return torch.tensor(p, dtype=torch.float64 if container == "torch" else torch.float32)
 
 
-@target("valuelab.policy.evaluate_policy")
+@target("valuelab.lab.policy.evaluate_policy")
 def _evaluate_policy(draw, ex):
     wk = draw(world_kwargs())
     lead = draw(st.sampled_from([(), (), (2,)]))
@@ -1996,7 +1996,7 @@ def _evaluate_policy(draw, ex):
 
 
 def _evaluate_oracle(a: Args, ev: Any) -> None:
-    from valuelab.policy import PromptWorld  # noqa: PLC0415
+    from valuelab.lab.policy import PromptWorld  # noqa: PLC0415
 
     w, probs = a.kw["world"], a.kw["probs"]
     expect(isinstance(w, PromptWorld), f"accepted world of type {type(w).__name__}")
@@ -2028,10 +2028,10 @@ def _evaluate_oracle(a: Args, ev: Any) -> None:
         close("per_prompt", np.asarray(ev.per_prompt)[at], np.array(per), 1e-9 * (1 + np.abs(per)) + 4 * w.max_len * dev * size)
 
 
-TARGETS["valuelab.policy.evaluate_policy"].oracle = _evaluate_oracle
+TARGETS["valuelab.lab.policy.evaluate_policy"].oracle = _evaluate_oracle
 
 
-@target("valuelab.policy.soft_optimal", defined=lambda kw: None if kw["world"].beta > 0 else "beta = 0")
+@target("valuelab.lab.policy.soft_optimal", defined=lambda kw: None if kw["world"].beta > 0 else "beta = 0")
 def _soft_optimal(draw, ex):
     wk = draw(world_kwargs())
     wk["beta"] = draw(st.sampled_from([0.05, 0.5, 1.0, 0.01, 1e-3]))
@@ -2039,7 +2039,7 @@ def _soft_optimal(draw, ex):
 
 
 def _soft_oracle(a: Args, so: Any) -> None:
-    from valuelab.world import EOS, GOOD  # noqa: PLC0415
+    from valuelab.lab.world import EOS, GOOD  # noqa: PLC0415
 
     w = a.kw["world"]
     expect(w.beta > 0, f"returned a soft optimum for beta = {w.beta}")
@@ -2061,10 +2061,10 @@ def _soft_oracle(a: Args, so: Any) -> None:
     expect(np.allclose(so.policy.sum(-1), 1, atol=1e-9), "the soft-optimal policy does not sum to 1")
 
 
-TARGETS["valuelab.policy.soft_optimal"].oracle = _soft_oracle
+TARGETS["valuelab.lab.policy.soft_optimal"].oracle = _soft_oracle
 
 
-@target("valuelab.policy.reward_model_start")
+@target("valuelab.lab.policy.reward_model_start")
 def _policy_rm_start(draw, ex):
     return {"world": O("world", (draw(world_kwargs()),))}
 
@@ -2077,10 +2077,10 @@ def _policy_rm_oracle(a: Args, out: Any) -> None:
         close("V0", out[:, t], np.broadcast_to(w.score_table[t][None, None, :], (P, C, K)), 0.0)
 
 
-TARGETS["valuelab.policy.reward_model_start"].oracle = _policy_rm_oracle
+TARGETS["valuelab.lab.policy.reward_model_start"].oracle = _policy_rm_oracle
 
 
-@target("valuelab.policy.sample_responses", weight=0.5)
+@target("valuelab.lab.policy.sample_responses", weight=0.5)
 def _sample_responses(draw, ex):
     wk = draw(world_kwargs())
     R = draw(st.integers(1, 3))
@@ -2095,7 +2095,7 @@ def _sample_responses(draw, ex):
 
 
 def _sample_oracle(a: Args, batch: Any) -> None:
-    from valuelab.world import EOS, GOOD  # noqa: PLC0415
+    from valuelab.lab.world import EOS, GOOD  # noqa: PLC0415
 
     kw = a.kw
     w, probs, G = kw["world"], kw["probs"], kw["samples_per_prompt"]
@@ -2137,10 +2137,10 @@ def _sample_oracle(a: Args, batch: Any) -> None:
     expect(ro.rewards.dtype == kw["dtype"], f"rewards dtype {ro.rewards.dtype}")
 
 
-TARGETS["valuelab.policy.sample_responses"].oracle = _sample_oracle
+TARGETS["valuelab.lab.policy.sample_responses"].oracle = _sample_oracle
 
 
-@target("valuelab.policy.count_good")
+@target("valuelab.lab.policy.count_good")
 def _count_good(draw, ex):
     n = draw(st.integers(0, 6))
     count = O("numpy", (T((n,), "int64", draw(value_list("int64", n, False, st.integers(0, 20)))),))
@@ -2158,15 +2158,15 @@ def _count_good_oracle(a: Args, out: Any) -> None:
     close("score", got, want, 4 * eps * (1 + np.abs(want)))
 
 
-TARGETS["valuelab.policy.count_good"].oracle = _count_good_oracle
+TARGETS["valuelab.lab.policy.count_good"].oracle = _count_good_oracle
 
 
 # ---------------------------------------------------------------------------
-# valuelab.ppo
+# valuelab.lab.ppo
 # ---------------------------------------------------------------------------
 
 
-@target("valuelab.ppo.policy_loss")
+@target("valuelab.lab.ppo.policy_loss")
 def _policy_loss(draw, ex):
     shape = draw(batch_shape(empty_ok=False))
     dt, dev = draw(WIDE_DTYPE), draw(DEVICE)
@@ -2207,7 +2207,7 @@ def _policy_loss_oracle(a: Args, out: Any) -> None:
         close("clip_fraction", out.clip_fraction.reshape(()), np.asarray(frac), 1e-6 + 2.0 / max(m.sum(), 1) + ties)
 
 
-TARGETS["valuelab.ppo.policy_loss"].oracle = _policy_loss_oracle
+TARGETS["valuelab.lab.ppo.policy_loss"].oracle = _policy_loss_oracle
 
 
 def _groups_defined(kw):
@@ -2216,7 +2216,7 @@ def _groups_defined(kw):
     return None if counts.size and counts.min() >= 2 else "a group of one response"
 
 
-@target("valuelab.ppo.group_advantages", defined=_groups_defined)
+@target("valuelab.lab.ppo.group_advantages", defined=_groups_defined)
 def _group_advantages(draw, ex):
     k = draw(st.integers(1, 4))
     labels = draw(st.lists(st.integers(0, 9), min_size=k, max_size=k, unique=True))
@@ -2254,7 +2254,7 @@ def _group_oracle(a: Args, out: Any) -> None:
     close("advantages", out, want, tol)
 
 
-TARGETS["valuelab.ppo.group_advantages"].oracle = _group_oracle
+TARGETS["valuelab.lab.ppo.group_advantages"].oracle = _group_oracle
 
 
 def _fit_defined(kw):
@@ -2269,7 +2269,7 @@ def _fit_defined(kw):
         return "undefined"
 
 
-@target("valuelab.ppo.advantage_fit", defined=_fit_defined)
+@target("valuelab.lab.ppo.advantage_fit", defined=_fit_defined)
 def _advantage_fit(draw, ex):
     shape = draw(batch_shape(empty_ok=False))
     dt = draw(WIDE_DTYPE)
@@ -2302,7 +2302,7 @@ def _fit_oracle(a: Args, out: Any) -> None:
                    f"{name} = {got!r}, expected {want!r}")
 
 
-TARGETS["valuelab.ppo.advantage_fit"].oracle = _fit_oracle
+TARGETS["valuelab.lab.ppo.advantage_fit"].oracle = _fit_oracle
 
 
 @st.composite
@@ -2337,13 +2337,13 @@ def small_world(draw):
     return wk
 
 
-@target("valuelab.ppo.Arm", aliases=("warmup", "critic_start", "estimator", "lam_actor", "lam_critic", "alpha", "name"),
+@target("valuelab.lab.ppo.Arm", aliases=("warmup", "critic_start", "estimator", "lam_actor", "lam_critic", "alpha", "name"),
         weight=0.5)
 def _arm(draw, ex):
     return draw(arm_kwargs())
 
 
-@target("valuelab.ppo.PPOConfig", weight=0.5)
+@target("valuelab.lab.ppo.PPOConfig", weight=0.5)
 def _config(draw, ex):
     return draw(config_kwargs())
 
@@ -2369,7 +2369,7 @@ def _seeds_ok(seeds, name="seeds") -> None:
                f"accepted the seed {s!r} in {name} (seeds lie in [0, 2**63 - 1])")
 
 
-@target("valuelab.ppo.train_ppo", weight=0.08, timeout=120, nan_ok=_train_nan_ok,
+@target("valuelab.lab.ppo.train_ppo", weight=0.08, timeout=120, nan_ok=_train_nan_ok,
         aliases=("minibatches", "samples_per_prompt", "n_prompts"))
 def _train_ppo(draw, ex):
     wk = draw(small_world())
@@ -2384,10 +2384,10 @@ def _train_oracle(a: Args, h: Any) -> None:
     _train_checks(kw["world"], kw["arm"], kw["config"], kw["seeds"], h)
 
 
-TARGETS["valuelab.ppo.train_ppo"].oracle = _train_oracle
+TARGETS["valuelab.lab.ppo.train_ppo"].oracle = _train_oracle
 
 
-@target("valuelab.ppo.train_many", weight=0.04, timeout=180, nan_ok=_train_nan_ok,
+@target("valuelab.lab.ppo.train_many", weight=0.04, timeout=180, nan_ok=_train_nan_ok,
         aliases=("jobs", "minibatches", "samples_per_prompt", "n_prompts"))
 def _train_many(draw, ex):
     jobs = []
@@ -2402,7 +2402,7 @@ def _train_many(draw, ex):
 
 
 def _train_many_oracle(a: Args, hs: Any) -> None:
-    from valuelab.ppo import train_ppo  # noqa: PLC0415
+    from valuelab.lab.ppo import train_ppo  # noqa: PLC0415
 
     kw = a.kw
     p = kw["processes"]
@@ -2422,11 +2422,11 @@ def _train_many_oracle(a: Args, hs: Any) -> None:
            f"job 0's objective {hs[0].objective.tolist()} differs from train_ppo's {direct.objective.tolist()}")
 
 
-TARGETS["valuelab.ppo.train_many"].oracle = _train_many_oracle
+TARGETS["valuelab.lab.ppo.train_many"].oracle = _train_many_oracle
 
 
 # ---------------------------------------------------------------------------
-# valuelab.transformer
+# valuelab.lab.transformer
 # ---------------------------------------------------------------------------
 
 
@@ -2438,7 +2438,7 @@ def model_kwargs(draw):
             "d_ff": draw(st.integers(1, 6)), "seed": draw(st.one_of(st.none(), st.integers(0, 2**32)))}
 
 
-@target("valuelab.transformer.TinyTransformer", weight=0.5, aliases=("d_model", "n_heads"), timeout=60)
+@target("valuelab.lab.transformer.TinyTransformer", weight=0.5, aliases=("d_model", "n_heads"), timeout=60)
 # (60 s: a d_model of 5020 is 600 million weights, 2.4 GB that fit the size check and take 9 s to draw on one thread)
 def _tiny(draw, ex):
     return draw(model_kwargs())
@@ -2457,13 +2457,13 @@ def _tiny_oracle(a: Args, m: Any) -> None:
     R, D = m.n_models, m.d_model
     expect(tuple(m.tok.shape) == (R, m.n_tokens, D) and tuple(m.head_w.shape) == (R, D), "parameter shapes")
     if s is not None:
-        from valuelab.transformer import TinyTransformer  # noqa: PLC0415
+        from valuelab.lab.transformer import TinyTransformer  # noqa: PLC0415
 
         again = TinyTransformer(**kw)
         expect(all(torch.equal(p, q) for p, q in zip(m.parameters(), again.parameters())), "the same seed gave other weights")
 
 
-TARGETS["valuelab.transformer.TinyTransformer"].oracle = _tiny_oracle
+TARGETS["valuelab.lab.transformer.TinyTransformer"].oracle = _tiny_oracle
 
 
 @st.composite
@@ -2500,7 +2500,7 @@ def _forward_checks(model, inputs, out, cut_last: bool) -> None:
     expect(torch.allclose(out.detach(), want, atol=1e-6), "result differs from the model's forward pass")
 
 
-@target("valuelab.transformer.state_values")
+@target("valuelab.lab.transformer.state_values")
 def _state_values(draw, ex):
     mk, inputs = draw(model_and_inputs())
     return {"model": O("model", (mk,)), "inputs": inputs}
@@ -2512,10 +2512,10 @@ def _state_values_oracle(a: Args, out: Any) -> None:
     _forward_checks(a.kw["model"], x, out, True)
 
 
-TARGETS["valuelab.transformer.state_values"].oracle = _state_values_oracle
+TARGETS["valuelab.lab.transformer.state_values"].oracle = _state_values_oracle
 
 
-@target("valuelab.transformer.final_scores")
+@target("valuelab.lab.transformer.final_scores")
 def _final_scores(draw, ex):
     mk, inputs = draw(model_and_inputs())
     R, B, S = inputs.shape
@@ -2535,11 +2535,11 @@ def _final_scores_oracle(a: Args, out: Any) -> None:
     expect(torch.allclose(out.detach(), want, atol=1e-6), f"scores {out.tolist()} != {want.tolist()}")
 
 
-TARGETS["valuelab.transformer.final_scores"].oracle = _final_scores_oracle
+TARGETS["valuelab.lab.transformer.final_scores"].oracle = _final_scores_oracle
 
 
 def _copy_checks(src, out, index: List[int], axis_of) -> None:
-    from valuelab.transformer import TinyTransformer  # noqa: PLC0415
+    from valuelab.lab.transformer import TinyTransformer  # noqa: PLC0415
 
     expect(isinstance(out, TinyTransformer) and out.n_models == len(index), f"n_models {getattr(out, 'n_models', None)}")
     idx = torch.tensor(index, dtype=torch.long)
@@ -2552,27 +2552,27 @@ def _copy_checks(src, out, index: List[int], axis_of) -> None:
 
 
 def _axis(name: str) -> int:
-    from valuelab.transformer import TinyTransformer  # noqa: PLC0415
+    from valuelab.lab.transformer import TinyTransformer  # noqa: PLC0415
 
     return 1 if name in TinyTransformer.LAYER_PARAMS else 0
 
 
-@target("valuelab.transformer.reward_model_start")
+@target("valuelab.lab.transformer.reward_model_start")
 def _tr_rm_start(draw, ex):
     return {"reward_model": O("model", (draw(model_kwargs()),))}
 
 
-TARGETS["valuelab.transformer.reward_model_start"].oracle = lambda a, out: _copy_checks(
+TARGETS["valuelab.lab.transformer.reward_model_start"].oracle = lambda a, out: _copy_checks(
     a.kw["reward_model"], out, list(range(a.kw["reward_model"].n_models)), _axis)
 
 
-@target("valuelab.transformer.tile")
+@target("valuelab.lab.transformer.tile")
 def _tile(draw, ex):
     return {"model": O("model", (draw(model_kwargs()),)), "times": draw(st.integers(1, 3))}
 
 
 def _tile_oracle(a: Args, out: Any) -> None:
-    from valuelab.transformer import TinyTransformer  # noqa: PLC0415
+    from valuelab.lab.transformer import TinyTransformer  # noqa: PLC0415
 
     t = a.kw["times"]
     expect(isinstance(t, numbers.Integral) and not isinstance(t, (bool, np.bool_)) and t >= 1, f"accepted times={t!r}")
@@ -2595,10 +2595,10 @@ def _tile_oracle(a: Args, out: Any) -> None:
             expect(torch.equal(q.narrow(ax, c * R, R), p.detach()), f"{name}: copy {c} is not the model's")
 
 
-TARGETS["valuelab.transformer.tile"].oracle = _tile_oracle
+TARGETS["valuelab.lab.transformer.tile"].oracle = _tile_oracle
 
 
-@target("valuelab.transformer.select")
+@target("valuelab.lab.transformer.select")
 def _select(draw, ex):
     mk = draw(model_kwargs())
     models = draw(st.lists(st.integers(0, mk["n_models"] - 1), min_size=1, max_size=mk["n_models"], unique=True))
@@ -2614,10 +2614,10 @@ def _select_oracle(a: Args, out: Any) -> None:
     _copy_checks(a.kw["model"], out, [int(i) for i in idx], _axis)
 
 
-TARGETS["valuelab.transformer.select"].oracle = _select_oracle
+TARGETS["valuelab.lab.transformer.select"].oracle = _select_oracle
 
 
-@target("valuelab.transformer.sequence_inputs")
+@target("valuelab.lab.transformer.sequence_inputs")
 def _sequence_inputs(draw, ex):
     wk = draw(world_kwargs())
     R, G = draw(st.integers(1, 2)), draw(st.integers(1, 3))
@@ -2644,7 +2644,7 @@ def _sequence_inputs_oracle(a: Args, out: Any) -> None:
     expect(np.array_equal(out.cpu().numpy(), want), f"inputs {out.tolist()} != {want.tolist()}")
 
 
-TARGETS["valuelab.transformer.sequence_inputs"].oracle = _sequence_inputs_oracle
+TARGETS["valuelab.lab.transformer.sequence_inputs"].oracle = _sequence_inputs_oracle
 
 
 def _ev_defined(kw):
@@ -2663,7 +2663,7 @@ def _ev_defined(kw):
     return None
 
 
-@target("valuelab.transformer.explained_variance", defined=_ev_defined)
+@target("valuelab.lab.transformer.explained_variance", defined=_ev_defined)
 def _explained_variance(draw, ex):
     shape = draw(st.sampled_from([(2, 5), (3, 4), (6,), (2, 3, 4)]))
     dt = draw(WIDE_DTYPE)
@@ -2695,7 +2695,7 @@ def _ev_oracle(a: Args, out: Any) -> None:
         close("explained_variance", out, want, tol)
 
 
-TARGETS["valuelab.transformer.explained_variance"].oracle = _ev_oracle
+TARGETS["valuelab.lab.transformer.explained_variance"].oracle = _ev_oracle
 
 
 # ---------------------------------------------------------------------------
@@ -2924,7 +2924,7 @@ def _resolve(dotted: str):
 
 
 def _batch(wk, R, G, seed):
-    from valuelab.policy import sample_responses  # noqa: PLC0415
+    from valuelab.lab.policy import sample_responses  # noqa: PLC0415
 
     w = _world(wk)
     probs = torch.tensor(np.broadcast_to(w.reference_policy(), (R,) + w.state_shape + (w.vocab_size,)).copy())
@@ -2932,37 +2932,37 @@ def _batch(wk, R, G, seed):
 
 
 def _interval(mean, lo, hi, half, n, level):
-    from valuelab.stats import Interval  # noqa: PLC0415
+    from valuelab.lab.stats import Interval  # noqa: PLC0415
 
     return Interval(mean=mean, lo=lo, hi=hi, half=half, n=n, level=level)
 
 
 def _interval_of(x, level):
-    from valuelab.stats import mean_ci  # noqa: PLC0415
+    from valuelab.lab.stats import mean_ci  # noqa: PLC0415
 
     return mean_ci(x, level)
 
 
 def _evaluation(w, probs):
-    from valuelab.policy import evaluate_policy  # noqa: PLC0415
+    from valuelab.lab.policy import evaluate_policy  # noqa: PLC0415
 
     return evaluate_policy(w, probs)
 
 
 def _model(kw):
-    from valuelab.transformer import TinyTransformer  # noqa: PLC0415
+    from valuelab.lab.transformer import TinyTransformer  # noqa: PLC0415
 
     return TinyTransformer(**kw)
 
 
 def _arm_of(kw):
-    from valuelab.ppo import Arm  # noqa: PLC0415
+    from valuelab.lab.ppo import Arm  # noqa: PLC0415
 
     return Arm(**kw)
 
 
 def _config_of(kw):
-    from valuelab.ppo import PPOConfig  # noqa: PLC0415
+    from valuelab.lab.ppo import PPOConfig  # noqa: PLC0415
 
     return PPOConfig(**kw)
 
@@ -2990,7 +2990,7 @@ CELLS = st.one_of(st.text(max_size=8), st.integers(-10**6, 10**6), st.floats(all
                   st.sampled_from([True, None, b"x", "a|b", "two\nlines", np.float32(1.5), np.int64(3)]))
 
 
-@target("valuelab.stats.markdown_table")
+@target("valuelab.lab.stats.markdown_table")
 def _markdown_table(draw, ex):
     cols = draw(st.integers(0 if ex else 1, 4))
     header = draw(st.lists(st.one_of(st.text(max_size=6), st.just(1)) if ex else st.text("abc |", min_size=1, max_size=6),
@@ -3017,4 +3017,4 @@ def _markdown_table_oracle(a: Args, out: Any) -> None:
         expect(line == "| " + " | ".join(str(x).replace("|", "\\|") for x in r) + " |", f"row {line!r:.80}")
 
 
-TARGETS["valuelab.stats.markdown_table"].oracle = _markdown_table_oracle
+TARGETS["valuelab.lab.stats.markdown_table"].oracle = _markdown_table_oracle

@@ -136,7 +136,7 @@ def plant_in_function(slip: Slip, namespace: Optional[dict] = None) -> None:
     """Re-define ``slip.function`` in its module from its edited source; rebind every valuelab alias of it.
 
     ``namespace`` (the shell's): names the chapter's cells bound to the function
-    (``from valuelab.policy import soft_optimal``) are rebound too.
+    (``from valuelab.lab.policy import soft_optimal``) are rebound too.
     """
     modname, qualname = slip.function.split(":")
     module = importlib.import_module(modname)

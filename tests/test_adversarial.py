@@ -2,7 +2,7 @@
 
 Each case below was once a silent wrong result, a crash or a confusing error
 (issue "The engine, safe and conventional"). The C boundary itself
-(``valuelab._native.scan`` called directly) is attacked in
+(``valuelab._engine.native.scan`` called directly) is attacked in
 ``tests/test_adversarial_native.py``. Public-function cases that touch the
 fused estimators run on both CPU paths (the ``cpu_path`` fixture: the C
 kernel, then the PyTorch block scan).

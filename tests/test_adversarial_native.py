@@ -1,4 +1,4 @@
-"""Odd tensors at the C boundary: ``valuelab._native.scan`` directly, and ``valuelab.gae`` / ``discounted_returns`` on both CPU paths.
+"""Odd tensors at the C boundary: ``valuelab._engine.native.scan`` directly, and ``valuelab.gae`` / ``discounted_returns`` on both CPU paths.
 
 ``_native.scan`` hands raw pointers to ``_gae_kernel.c`` (chapter 9, "One
 pass in C"), so every tensor must be what the pointer's reader assumes: a
@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import valuelab
-from valuelab import _native
+from valuelab._engine import native as _native
 
 DTYPES = [torch.float32, torch.float64]
 B, T = 4, 70  # T: four vectors of 16 float32 tokens and a tail; the mask has holes
@@ -304,7 +304,7 @@ def test_scan_accepts_a_freed_storage_of_an_empty_tensor():
 _FREED_SCRIPT = textwrap.dedent(
     """
     import json, sys, torch, valuelab
-    from valuelab import _native
+    from valuelab._engine import native as _native
     cases = json.loads(sys.argv[1])
     for case in cases:
         print(json.dumps({"start": case}), flush=True)

@@ -1,4 +1,4 @@
-"""The benchmark (valuelab.bench): it runs, it stores what it says, and every contender it times computes GAE.
+"""The benchmark (valuelab.lab.bench): it runs, it stores what it says, and every contender it times computes GAE.
 
 A contender that times another computation makes a ratio meaningless, so
 each one is compared with ``valuelab.gae`` on the tokens it is defined on:
@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import valuelab
-from valuelab import _native, bench
+from valuelab._engine import native as _native
+from valuelab.lab import bench
 
 DTYPES = [torch.float32, torch.float64]
 # (gamma, lam): the benchmark's, a discounted one, and lam = 1 (Monte-Carlo minus the value)
@@ -415,7 +416,7 @@ def test_the_raw_kernel_call_of_the_breakdown_computes_gae(dtype):
     assert torch.equal(warm[0], want.advantages) and torch.equal(warm[1], want.returns)
     bench._kernel_call(r, v, m, 1)()  # fresh outputs: runs
     # first thing in a fresh process, before anything has loaded the kernel
-    code = ("import torch, valuelab.bench as b; r, v, m = b.make_batch(2, 40, torch.float64, torch.device('cpu'), "
+    code = ("import torch, valuelab.lab.bench as b; r, v, m = b.make_batch(2, 40, torch.float64, torch.device('cpu'), "
             "holes=False); b._kernel_call(r, v, m, 1)()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

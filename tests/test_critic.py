@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from valuelab import value_loss
-from valuelab.critic import TabularCritic, TinyCritic, critic_targets, fit_critic, value_error
-from valuelab.world import make_world, sample
+from valuelab.lab.critic import TabularCritic, TinyCritic, critic_targets, fit_critic, value_error
+from valuelab.lab.world import make_world, sample
 
 T = 8
 

@@ -1,4 +1,4 @@
-"""The one front door: every call is validated once, then runs on exactly one backend (valuelab._problem)."""
+"""The one front door: every call is validated once, then runs on exactly one backend (valuelab._engine.problem)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import valuelab as vl
-from valuelab import _native, _problem
+from valuelab._engine import native as _native
+from valuelab._engine import problem as _problem
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ def test_docstring_examples_run(name):
 
 def test_conventions_are_filled_in_and_a_missing_placeholder_is_refused():
     import valuelab as vl
-    from valuelab._docs import padded_conventions
+    from valuelab._engine.docs import padded_conventions
 
     for fn in (vl.td_errors, vl.gae, vl.decoupled_gae, vl.td_targets, vl.nstep_returns):
         assert "{conventions}" not in fn.__doc__ and "Conventions: ``values[..., t]``" in fn.__doc__, fn.__name__

@@ -1,4 +1,4 @@
-"""The batched torch API of valuelab against the literal numpy oracle in valuelab.reference."""
+"""The batched torch API of valuelab against the literal numpy oracle in valuelab.lab.reference."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import valuelab as vl
-from valuelab import reference as ref
+from valuelab.lab import reference as ref
 
 TOL64 = dict(rtol=1e-9, atol=1e-9)
 # float32 against the float64 oracle: rewards/values are O(1) and sequences are short here

@@ -1,4 +1,4 @@
-"""The loop-free backward scan (valuelab._fastscan) against the per-token loop.
+"""The loop-free backward scan (valuelab._engine.fastscan) against the per-token loop.
 
 Every comparison uses an error bound scaled by the condition of the problem:
 the same recursion run on |x| in float64, S_t = sum_j |coef_tj x_j|, so
@@ -18,17 +18,17 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import valuelab
-from valuelab import reference as ref
-from valuelab import _fastscan as fs
-from valuelab import _native
-from valuelab._fastscan import (
+from valuelab.lab import reference as ref
+from valuelab._engine import fastscan as fs
+from valuelab._engine import native as _native
+from valuelab._engine.fastscan import (
     _naive_rescaled_scan,
     fast_backward_scan,
     fast_nstep_returns,
     time_invariant_decay,
     valid_first_order,
 )
-from valuelab._scan import backward_scan, pack, prepare
+from valuelab._engine.scan import backward_scan, pack, prepare
 
 from conftest import CPU_PATHS, cpu_path_context
 
@@ -40,7 +40,7 @@ K_ROUND = 64
 
 
 def _loop64(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """The loop (valuelab._scan.backward_scan) in float64 on the CPU: the oracle."""
+    """The loop (valuelab._engine.scan.backward_scan) in float64 on the CPU: the oracle."""
     return backward_scan(x.detach().cpu().double(), d.detach().cpu().double().expand(x.shape))
 
 
@@ -421,7 +421,7 @@ def test_fast_nstep_empty():
 
 
 def _oracle_gae(r, v, mask, gamma, lam, boot):
-    """valuelab.reference.gae_recursion (a numpy float64 loop) on each row's valid tokens; 0 elsewhere.
+    """valuelab.lab.reference.gae_recursion (a numpy float64 loop) on each row's valid tokens; 0 elsewhere.
 
     gamma and lam are rounded to the data's dtype first, as the library does.
     """
@@ -708,7 +708,7 @@ def test_fused_path_errors_match_the_general_path(cpu_path):
 
 
 def test_unit_scalar_rounds_and_checks_like_check_unit_interval():
-    from valuelab._checks import check_unit_interval, unit_scalar
+    from valuelab._engine.checks import check_unit_interval, unit_scalar
 
     like32, like64 = torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.float64)
     for x in [0.0, 1.0, 0.95, 1e-8, 1 + 1e-9, -1e-50, 1 / 3]:
@@ -729,7 +729,7 @@ def test_unit_scalar_rounds_and_checks_like_check_unit_interval():
 
 
 def test_right_padded_rows_and_compaction_index():
-    from valuelab._fastscan import compaction_index, float_mask, right_padded_rows
+    from valuelab._engine.fastscan import compaction_index, float_mask, right_padded_rows
 
     g = torch.Generator().manual_seed(8)
     for T in (1, 2, 5, 64, 5792, 5793, 9000):

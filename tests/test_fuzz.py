@@ -9,7 +9,7 @@ anything (every dtype, layout, device; scalars of every Python type) -- and
 runs each in a worker process (``fuzz_runner``) that checks the same
 properties for every call:
 
-* the call returns a correct result (the entry's oracle: ``valuelab.reference``
+* the call returns a correct result (the entry's oracle: ``valuelab.lab.reference``
   or an independent computation), or raises TypeError/ValueError whose
   message names one of the function's parameters; a valid call returns;
 * it never crashes the process, never runs past a time bound, never spawns
@@ -58,10 +58,10 @@ PUBLIC_MODULES = [
     "valuelab.integrations.openrlhf",
     "valuelab.integrations.trl",
     "valuelab.integrations.torchrl",
-    "valuelab.stats",
-    "valuelab.policy",
-    "valuelab.ppo",
-    "valuelab.transformer",
+    "valuelab.lab.stats",
+    "valuelab.lab.policy",
+    "valuelab.lab.ppo",
+    "valuelab.lab.transformer",
     "valuelab.distributed",
 ]
 
@@ -227,9 +227,9 @@ REGRESSIONS = {
            gamma=0.0, truncated=T((2,), "bool", (False,), layout="freed"), bootstrap=T((2,), F32)),
     ],
     # loops with no bound
-    "valuelab.stats.t_quantile": [
-        _c("valuelab.stats.t_quantile", p=0.75, df=2**63),
-        _c("valuelab.stats.t_quantile", p=[0.5], df=1),
+    "valuelab.lab.stats.t_quantile": [
+        _c("valuelab.lab.stats.t_quantile", p=0.75, df=2**63),
+        _c("valuelab.lab.stats.t_quantile", p=[0.5], df=1),
     ],
     # silent broadcasting and coercion
     "valuelab.losses.aggregate": [
@@ -247,14 +247,14 @@ REGRESSIONS = {
         _c("valuelab.integrations.trl.from_trl", rewards=T((1, 1), F32), values=T((1, 1), F32),
            sequence_lengths=T((1,), "int64", (0,)), phantom=0),
     ],
-    "valuelab.ppo.group_advantages": [
-        _c("valuelab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (0, 0)),
+    "valuelab.lab.ppo.group_advantages": [
+        _c("valuelab.lab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (0, 0)),
            normalise=None, eps=1e-6),
-        _c("valuelab.ppo.group_advantages", "valid", returns=T((2,), F32, (0.0,)), group=T((2,), "int64", (0, 0)),
+        _c("valuelab.lab.ppo.group_advantages", "valid", returns=T((2,), F32, (0.0,)), group=T((2,), "int64", (0, 0)),
            normalise=True, eps=0.0),
-        _c("valuelab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (-1, -1)),
+        _c("valuelab.lab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (-1, -1)),
            normalise=True, eps=1e-6),
-        _c("valuelab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (2**40, 2**40)),
+        _c("valuelab.lab.ppo.group_advantages", returns=T((2,), F32, (1.0, 2.0)), group=T((2,), "int64", (2**40, 2**40)),
            normalise=True, eps=1e-6),
     ],
     # silent NaN and inf
@@ -262,11 +262,11 @@ REGRESSIONS = {
         _c("valuelab.integrations.verl.whiten", "valid", values=T((1, 2), F32, (0.0,)), mask=T((1, 2), "bool", (True,)),
            eps=0.0),
     ],
-    "valuelab.ppo.policy_loss": [
-        _c("valuelab.ppo.policy_loss", "extreme", logprobs=T((1, 2), F32, (3.4e38,)), old_logprobs=T((1, 2), F32),
+    "valuelab.lab.ppo.policy_loss": [
+        _c("valuelab.lab.ppo.policy_loss", "extreme", logprobs=T((1, 2), F32, (3.4e38,)), old_logprobs=T((1, 2), F32),
            advantages=T((1, 2), F32, (-3.0,)), mask=None, clip_range=0.0, aggregation="token-mean"),
     ],
-    "valuelab.stats.mean_ci": [_c("valuelab.stats.mean_ci", "extreme", x=[0.0, 1e308], level=0.5)],
+    "valuelab.lab.stats.mean_ci": [_c("valuelab.lab.stats.mean_ci", "extreme", x=[0.0, 1e308], level=0.5)],
     "valuelab.losses.masked_mean": [
         _c("valuelab.losses.masked_mean", "extreme", x=T((2,), "float64", (1e308,)), mask=None, dim=None, group=None),
         _c("valuelab.losses.masked_mean", x=T((1, 2), F32), mask=None, dim=2, group=None),
@@ -275,8 +275,8 @@ REGRESSIONS = {
         _c("valuelab.returns.td_targets", "extreme", rewards=T((1, 2), F32), values=T((1, 2), F32), mask=None, gamma=0.0,
            bootstrap=1e308),
     ],
-    "valuelab.policy.count_good": [
-        _c("valuelab.policy.count_good", count=O("numpy", (T((2,), "int64", (1, 2)),)),
+    "valuelab.lab.policy.count_good": [
+        _c("valuelab.lab.policy.count_good", count=O("numpy", (T((2,), "int64", (1, 2)),)),
            length=O("numpy", (T((2,), "int64", (2, 3)),)), scale=0),
     ],
     # labels and seeds
@@ -289,8 +289,8 @@ REGRESSIONS = {
         _c("valuelab.distributed.demo_batch", seed=True, rows=1, length=1),
         _c("valuelab.distributed.demo_batch", seed=0, rows=0, length=2),
     ],
-    "valuelab.policy.sample_responses": [
-        _c("valuelab.policy.sample_responses", world=O("world", (dict(n_prompts=1, vocab_size=3, max_len=1),)),
+    "valuelab.lab.policy.sample_responses": [
+        _c("valuelab.lab.policy.sample_responses", world=O("world", (dict(n_prompts=1, vocab_size=3, max_len=1),)),
            probs=O("probs", (O("world", (dict(n_prompts=1, vocab_size=3, max_len=1),)), (1,), "ref", 0, "torch")),
            samples_per_prompt=1, generators=[-1], evaluation=None, dtype=torch.float32),
     ],
@@ -307,11 +307,11 @@ REGRESSIONS = {
         _c("valuelab.losses.value_loss", values=T((1, 3), F32, (1.0, 2.0, 3.0)), returns=T((1, 3), F32), mask=None,
            old_values=None, clip_range=None, aggregation="token-mean", group=None, global_count=1.0),
     ],
-    "valuelab.transformer.final_scores": [  # an efficient zero tensor of ids reaches an index op: a segfault
-        _c("valuelab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=2, d_model=1,
+    "valuelab.lab.transformer.final_scores": [  # an efficient zero tensor of ids reaches an index op: a segfault
+        _c("valuelab.lab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=2, d_model=1,
                                                                           n_layers=1, n_heads=1, d_ff=1),)),
            inputs=T((1, 1, 2), "int64", layout="zero"), lengths=T((1,), "int64", (1,))),
-        _c("valuelab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=2, d_model=1,
+        _c("valuelab.lab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=2, d_model=1,
                                                                           n_layers=1, n_heads=1, d_ff=1),)),
            inputs=T((1, 1, 2), "int64", device="meta"), lengths=T((1,), "int64", (1,))),
     ],
@@ -331,28 +331,28 @@ REGRESSIONS = {
         _c("valuelab.integrations.verl.compute_gae_advantage_return", token_level_rewards=T((1, 2), F32),
            values=T((1, 2), F32), response_mask=T((1, 2), F32, (0.0,)), gamma=1.0, lam=0.95),
     ],
-    "valuelab.transformer.explained_variance": [
-        _c("valuelab.transformer.explained_variance", prediction=T((2, 5), F32), target=T((2, 5), F32, (0.0, 1.0)),
+    "valuelab.lab.transformer.explained_variance": [
+        _c("valuelab.lab.transformer.explained_variance", prediction=T((2, 5), F32), target=T((2, 5), F32, (0.0, 1.0)),
            mask=T((2, 5), "bool", (True,)), dim=2),
     ],
-    "valuelab.transformer.tile": [
-        _c("valuelab.transformer.tile", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=1, d_model=1,
+    "valuelab.lab.transformer.tile": [
+        _c("valuelab.lab.transformer.tile", model=O("model", (dict(n_models=1, n_tokens=1, max_positions=1, d_model=1,
                                                                n_layers=1, n_heads=1, d_ff=1),)), times=2**31),
     ],
-    "valuelab.stats.pm": [
-        _c("valuelab.stats.pm", ci=O("interval_of", ([0.5, -1.0], 0.95)), decimals=2**63),
-        _c("valuelab.stats.pm", "valid", ci=O("interval_of", ([0.5, -1.0], 0.95)), decimals=np.int64(2)),
+    "valuelab.lab.stats.pm": [
+        _c("valuelab.lab.stats.pm", ci=O("interval_of", ([0.5, -1.0], 0.95)), decimals=2**63),
+        _c("valuelab.lab.stats.pm", "valid", ci=O("interval_of", ([0.5, -1.0], 0.95)), decimals=np.int64(2)),
     ],
     # found by the default profile once the first round was fixed (tests/test_hardening_fuzz_findings.py)
-    "valuelab.transformer.TinyTransformer": [  # torch's "Overflow when unpacking long long"
-        _c("valuelab.transformer.TinyTransformer", n_models=1, n_tokens=2, max_positions=2, d_model=2,
+    "valuelab.lab.transformer.TinyTransformer": [  # torch's "Overflow when unpacking long long"
+        _c("valuelab.lab.transformer.TinyTransformer", n_models=1, n_tokens=2, max_positions=2, d_model=2,
            n_layers=np.uint64(2**64 - 1), n_heads=1, d_ff=2, seed=0),
     ],
-    "valuelab.policy.make_prompt_world": [  # numpy's "array is too big"
-        _c("valuelab.policy.make_prompt_world", n_prompts=1, vocab_size=2**31, max_len=2),
+    "valuelab.lab.policy.make_prompt_world": [  # numpy's "array is too big"
+        _c("valuelab.lab.policy.make_prompt_world", n_prompts=1, vocab_size=2**31, max_len=2),
     ],
-    "valuelab.stats.paired_ci": [  # a view with the negative bit set: numpy() refused it
-        _c("valuelab.stats.paired_ci", "valid", a=T((3,), "float64", (1.0, 2.0, 4.0), layout="neg"),
+    "valuelab.lab.stats.paired_ci": [  # a view with the negative bit set: numpy() refused it
+        _c("valuelab.lab.stats.paired_ci", "valid", a=T((3,), "float64", (1.0, 2.0, 4.0), layout="neg"),
            b=T((3,), "float64", (0.0, 1.0, 1.0)), level=0.95),
     ],
     "valuelab.integrations.torchrl.generalized_advantage_estimate": [  # +inf advantages from finite rewards
@@ -368,11 +368,11 @@ REGRESSIONS = {
         _c("valuelab.distributed.shard_statistics", "valid", rank=1, world_size=2, sizes=[1, 1], seed=1073741820),
     ],
 }
-REGRESSIONS["valuelab.transformer.tile"].append(  # five million copies: a list of tensors for torch.cat, past the bound
-    _c("valuelab.transformer.tile", model=O("model", (dict(n_models=3, n_tokens=4, max_positions=1, d_model=2, n_layers=1,
+REGRESSIONS["valuelab.lab.transformer.tile"].append(  # five million copies: a list of tensors for torch.cat, past the bound
+    _c("valuelab.lab.transformer.tile", model=O("model", (dict(n_models=3, n_tokens=4, max_positions=1, d_model=2, n_layers=1,
                                                            n_heads=1, d_ff=4, seed=5044308),)), times=np.int64(5044308)))
-REGRESSIONS["valuelab.ppo.group_advantages"].append(  # the float32 variance overflowed: zeros, not [0.58, 0.58, -1.15]
-    _c("valuelab.ppo.group_advantages", "valid", returns=T((3,), F32, (65504.0, -1.4, -1e20)),
+REGRESSIONS["valuelab.lab.ppo.group_advantages"].append(  # the float32 variance overflowed: zeros, not [0.58, 0.58, -1.15]
+    _c("valuelab.lab.ppo.group_advantages", "valid", returns=T((3,), F32, (65504.0, -1.4, -1e20)),
        group=T((3,), "int64", (0, 0, 0)), normalise=True, eps=1e-6))
 REGRESSIONS["valuelab.integrations.verl.compute_gae_advantage_return"].append(  # -inf at the masked position
     _c("valuelab.integrations.verl.compute_gae_advantage_return", "extreme", token_level_rewards=T((1, 3), F32, (1e38, 0.0, 0.0)),
@@ -386,25 +386,25 @@ REGRESSIONS["valuelab.losses.value_loss"].append(  # clamp(-1.8e308, 1.8e308) on
     _c("valuelab.losses.value_loss", values=T((4,), F32, (0.0, 0.362, -0.0357, 0.0)), returns=T((4,), F32, (2.79, 0.0)),
        mask=None, old_values=T((4,), F32, (1.627,)), clip_range=1.7976931348623157e308, aggregation="seq-mean-token-sum",
        group=None, global_count=3.0))
-REGRESSIONS["valuelab.policy.count_good"] += [  # float32 arithmetic; a scale that rounds to 0 in float32: NaN, -inf
-    _c("valuelab.policy.count_good", count=np.float32(42.18258), length=O("numpy", (T((0,), "int64"),)),
+REGRESSIONS["valuelab.lab.policy.count_good"] += [  # float32 arithmetic; a scale that rounds to 0 in float32: NaN, -inf
+    _c("valuelab.lab.policy.count_good", count=np.float32(42.18258), length=O("numpy", (T((0,), "int64"),)),
        scale=42.182580134228665),
-    _c("valuelab.policy.count_good", count=np.float32(23.495768), length=O("numpy", (T((3,), "int64", (20, 19, 2)),)),
+    _c("valuelab.lab.policy.count_good", count=np.float32(23.495768), length=O("numpy", (T((3,), "int64", (20, 19, 2)),)),
        scale=5e-324),
-    _c("valuelab.policy.count_good", count=np.float32(-1.6486105e16), length=O("numpy", (T((3,), "int64", (20, 19, 2)),)),
+    _c("valuelab.lab.policy.count_good", count=np.float32(-1.6486105e16), length=O("numpy", (T((3,), "int64", (20, 19, 2)),)),
        scale=5e-324)]
-REGRESSIONS["valuelab.ppo.train_many"] = [  # "'numpy.int8' object is not iterable"
-    _c("valuelab.ppo.train_many", jobs=np.int8(-110), seeds=[1], processes=1, device=None)]
+REGRESSIONS["valuelab.lab.ppo.train_many"] = [  # "'numpy.int8' object is not iterable"
+    _c("valuelab.lab.ppo.train_many", jobs=np.int8(-110), seeds=[1], processes=1, device=None)]
 REGRESSIONS["valuelab.integrations.torchrl.to_torchrl"] = [  # values of another dtype: a dict TorchRL's GAE refuses
     _c("valuelab.integrations.torchrl.to_torchrl", rewards=T((1, 2), F32), values=T((1, 2), "float16"),
        mask=T((1, 2), "bool", (True,)), truncated=T((1,), "bool", (True,)), bootstrap=T((1,), F32, (-3.126837968826294,)))]
 REGRESSIONS["valuelab.rewards.kl_shaped_rewards"].append(  # a missing score read as a score of 0
     _c("valuelab.rewards.kl_shaped_rewards", logprobs=T((1, 2), F32), ref_logprobs=T((1, 2), F32), score=None, mask=None,
        beta=0.1, estimator="k1"))
-REGRESSIONS["valuelab.stats.equivalence"] = [  # OverflowError: int too large to convert to float
-    _c("valuelab.stats.equivalence", x=[0.1, 0.2, 0.3], margin=-(10**400), alpha=0.05)]
-REGRESSIONS["valuelab.transformer.final_scores"].append(  # a freed lengths reached expand: setStorage RuntimeError
-    _c("valuelab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=5, max_positions=5, d_model=3,
+REGRESSIONS["valuelab.lab.stats.equivalence"] = [  # OverflowError: int too large to convert to float
+    _c("valuelab.lab.stats.equivalence", x=[0.1, 0.2, 0.3], margin=-(10**400), alpha=0.05)]
+REGRESSIONS["valuelab.lab.transformer.final_scores"].append(  # a freed lengths reached expand: setStorage RuntimeError
+    _c("valuelab.lab.transformer.final_scores", model=O("model", (dict(n_models=1, n_tokens=5, max_positions=5, d_model=3,
                                                                    n_layers=2, n_heads=1, d_ff=1),)),
        inputs=T((1, 2, 3), "int64", (4, 0, 4, 0, 4, 0)), lengths=T((2,), "int64", (2, 1), layout="freed")))
 REGRESSIONS["valuelab.returns.discounted_returns"] = [  # the oracle's: gamma**2 = 0 in the doubling, 1e-300 * 1e308
@@ -422,17 +422,17 @@ REGRESSIONS["valuelab.losses.value_loss_stats"] = [  # the oracle's: EV of value
     _c("valuelab.losses.value_loss_stats", "valid", values=T((1, 9), "float64", (4870256350541507.0,)),
        returns=T((1, 9), "float64", (0.0, 66000.0)), mask=None, old_values=T((1, 9), "float64"), clip_range=0.0,
        aggregation="token-mean", group=None, global_count=None)]
-REGRESSIONS["valuelab.policy.sample_responses"].append(  # the oracle's: a Python loop over 2.7 million rows, past 10 s
-    _c("valuelab.policy.sample_responses", "valid", world=O("world", (dict(n_prompts=1, vocab_size=3, max_len=2, seed=2115),)),
+REGRESSIONS["valuelab.lab.policy.sample_responses"].append(  # the oracle's: a Python loop over 2.7 million rows, past 10 s
+    _c("valuelab.lab.policy.sample_responses", "valid", world=O("world", (dict(n_prompts=1, vocab_size=3, max_len=2, seed=2115),)),
        probs=O("probs", (O("world", (dict(n_prompts=1, vocab_size=3, max_len=2, seed=2115),)), (1,), "ref", 0, "torch")),
        samples_per_prompt=np.int64(2718095), generators=[4678725], evaluation=None, dtype=torch.float32))
-REGRESSIONS["valuelab.stats.equivalence"].append(  # -np.uint64(m) wraps around: every interval "outside" the margin
-    _c("valuelab.stats.equivalence", "valid", x=[1.0, 0.0], margin=np.uint64(2**64 - 1), alpha=0.25))
-REGRESSIONS["valuelab.transformer.explained_variance"].append(  # the oracle's: a spread np.var underflows to 0
-    _c("valuelab.transformer.explained_variance", "valid", prediction=T((6,), "float64", (0.0, -3.062437557798362e-279, 0.0)),
+REGRESSIONS["valuelab.lab.stats.equivalence"].append(  # -np.uint64(m) wraps around: every interval "outside" the margin
+    _c("valuelab.lab.stats.equivalence", "valid", x=[1.0, 0.0], margin=np.uint64(2**64 - 1), alpha=0.25))
+REGRESSIONS["valuelab.lab.transformer.explained_variance"].append(  # the oracle's: a spread np.var underflows to 0
+    _c("valuelab.lab.transformer.explained_variance", "valid", prediction=T((6,), "float64", (0.0, -3.062437557798362e-279, 0.0)),
        target=T((6,), "float64", (0.0, -3.062437557798362e-279, 0.0)), mask=T((6,), "bool", (True,)), dim=0))
-REGRESSIONS["valuelab.transformer.sequence_inputs"] = [  # an efficient zero tensor of rows reached an index op: SIGSEGV
-    _c("valuelab.transformer.sequence_inputs",
+REGRESSIONS["valuelab.lab.transformer.sequence_inputs"] = [  # an efficient zero tensor of rows reached an index op: SIGSEGV
+    _c("valuelab.lab.transformer.sequence_inputs",
        world=O("world", (dict(n_prompts=1, vocab_size=4, max_len=1, eos_range=(0.5030379680689595, 0.6899331786814951),
                               seed=1886, max_count=2),)),
        batch=O("batch", (dict(n_prompts=1, vocab_size=4, max_len=1, eos_range=(0.5030379680689595, 0.6899331786814951),
@@ -451,8 +451,8 @@ REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # the oracle's: a vari
 REGRESSIONS["valuelab.losses.masked_var"] = [  # the oracle's: two sums of squares, each off by up to n eps
     _c("valuelab.losses.masked_var", "valid", x=T((1, 2), "float64", (-2.25, -2.3125)), mask=T((1, 2), "bool", (True,)),
        unbiased=False, group=None)]
-REGRESSIONS["valuelab.ppo.advantage_fit"] = [  # the oracle's: mask None is documented (every token before t_max)
-    _c("valuelab.ppo.advantage_fit", "valid", estimate=T((7,), "float64", (0.0, 0.7, 4.6e-33, -0.034)),
+REGRESSIONS["valuelab.lab.ppo.advantage_fit"] = [  # the oracle's: mask None is documented (every token before t_max)
+    _c("valuelab.lab.ppo.advantage_fit", "valid", estimate=T((7,), "float64", (0.0, 0.7, 4.6e-33, -0.034)),
        exact=T((7,), "float64", (3.81, 1.01, -3.77, 2.76, 0.31, -1.0, 1e-6)), mask=None, t_max=9)]
 REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # verl's masked_whiten has no default mask: None refused
     _c("valuelab.integrations.verl.whiten", values=T((7,), "float64", (3.5, -0.0, -0.79)), mask=None, eps=1e-8))
@@ -482,11 +482,11 @@ REGRESSIONS["valuelab.losses.masked_whiten"].append(  # the oracle's: s * s unde
 REGRESSIONS["valuelab.integrations.verl.whiten"].append(  # the oracle's: eps / (s * s) with s * s = 0
     _c("valuelab.integrations.verl.whiten", "valid", values=T((4, 2), "float64", (2.2e-308,)),
        mask=T((4, 2), "bool", (True, True, False, True)), eps=1e-8))
-REGRESSIONS["valuelab.ppo.policy_loss"].append(  # the oracle's: exp(1e-8) is 1 in float32, a tie at clip_range 0
-    _c("valuelab.ppo.policy_loss", "valid", logprobs=T((1, 3), F32), old_logprobs=T((1, 3), F32, (9.99999993922529e-09,)),
+REGRESSIONS["valuelab.lab.ppo.policy_loss"].append(  # the oracle's: exp(1e-8) is 1 in float32, a tie at clip_range 0
+    _c("valuelab.lab.ppo.policy_loss", "valid", logprobs=T((1, 3), F32), old_logprobs=T((1, 3), F32, (9.99999993922529e-09,)),
        advantages=T((1, 3), F32), mask=None, clip_range=0.0, aggregation="token-mean"))
-REGRESSIONS["valuelab.transformer.explained_variance"].append(  # the oracle's: an EV of -1e53 does not fit float32
-    _c("valuelab.transformer.explained_variance", "valid",
+REGRESSIONS["valuelab.lab.transformer.explained_variance"].append(  # the oracle's: an EV of -1e53 does not fit float32
+    _c("valuelab.lab.transformer.explained_variance", "valid",
        prediction=T((6,), F32, (-0.0, 2.51, 5.96e-08, -3.36, 6.2e-19, -3.30)),
        target=T((6,), F32, (0.0, -3.606219079947546e-27)), mask=T((6,), "bool", (True,)), dim=-1))
 REGRESSIONS["valuelab.distributed.run_on_ranks"].append(  # more ranks than cores: refused, not forked
@@ -513,8 +513,8 @@ REGRESSIONS["valuelab.distributed.batch_statistics"].append(  # a masked return 
     _c("valuelab.distributed.batch_statistics", "extreme", values=T((1, 3), "float64", (0.0,)),
        returns=T((1, 3), "float64", (0.0, 1.0, 1e308)), old=T((1, 3), "float64", (0.0,)),
        mask=T((1, 3), "bool", (True, True, False)), group=None, clip_range=0.2))
-REGRESSIONS["valuelab.transformer.explained_variance"].append(  # equal targets of 1.77e16: an ulp of spread from the mean
-    _c("valuelab.transformer.explained_variance", "valid", prediction=T((6,), "float64", (1.7736693088322292e+16,)),
+REGRESSIONS["valuelab.lab.transformer.explained_variance"].append(  # equal targets of 1.77e16: an ulp of spread from the mean
+    _c("valuelab.lab.transformer.explained_variance", "valid", prediction=T((6,), "float64", (1.7736693088322292e+16,)),
        target=T((6,), "float64", (1.7736693088322292e+16,)), mask=T((6,), "bool", (True,)), dim=0))
 REGRESSIONS["valuelab.integrations.verl.compute_gae_advantage_return"] = REGRESSIONS.get(
     "valuelab.integrations.verl.compute_gae_advantage_return", []) + [  # the oracle's: a spread below float32's rounding
@@ -523,9 +523,9 @@ REGRESSIONS["valuelab.integrations.verl.compute_gae_advantage_return"] = REGRESS
        values=T((2, 3), F32, (9090588527007092.0, 9090588527007092.0, 65504.0, 65504.0, 9090588527007092.0,
                                9090588527007092.0)),
        response_mask=T((2, 3), "bool", (True, True, False, False, True, False)), gamma=1, lam=1)]
-REGRESSIONS["valuelab.policy.sample_responses"] = REGRESSIONS.get("valuelab.policy.sample_responses", []) + [
+REGRESSIONS["valuelab.lab.policy.sample_responses"] = REGRESSIONS.get("valuelab.lab.policy.sample_responses", []) + [
     # the oracle's: 9 * np.int8(34) rows wrapped around to 50 in its own int8 arithmetic
-    _c("valuelab.policy.sample_responses", "hostile",
+    _c("valuelab.lab.policy.sample_responses", "hostile",
        world=O("world", (dict(n_prompts=3, vocab_size=3, max_len=4, eos_range=(0.14581842197392628, 0.9101148229678759),
                               beta=0.0, gamma=0.0, logit_scale=0.0, seed=242436, max_count=5),)),
        probs=O("probs", (O("world", (dict(n_prompts=3, vocab_size=3, max_len=4, eos_range=(0.14581842197392628, 0.9101148229678759),
@@ -533,8 +533,8 @@ REGRESSIONS["valuelab.policy.sample_responses"] = REGRESSIONS.get("valuelab.poli
                          (3,), "ref", 27761, "torch32")),
        samples_per_prompt=np.int8(34), generators=[np.int64(303), 2104, np.int64(6768974)], evaluation=None,
        dtype=torch.float32)]
-REGRESSIONS["valuelab.stats.paired_ci"] = REGRESSIONS.get("valuelab.stats.paired_ci", []) + [  # a meta tensor in the list
-    _c("valuelab.stats.paired_ci", "hostile", a=[0.5, torch.tensor(2, dtype=torch.int16, device="meta"), 1.5],
+REGRESSIONS["valuelab.lab.stats.paired_ci"] = REGRESSIONS.get("valuelab.lab.stats.paired_ci", []) + [  # a meta tensor in the list
+    _c("valuelab.lab.stats.paired_ci", "hostile", a=[0.5, torch.tensor(2, dtype=torch.int16, device="meta"), 1.5],
        b=[1.0, 2.0, 3.0], level=0.95)]
 REGRESSIONS["valuelab.distributed.shard_statistics"] = REGRESSIONS.get("valuelab.distributed.shard_statistics", []) + [
     # a freed tensor as sizes: the error message read its data (SIGSEGV)

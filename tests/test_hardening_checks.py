@@ -1,4 +1,4 @@
-"""Issue 25: the shared checks of ``valuelab._checks`` -- index ranges, flags, scalars, seeds -- and the inputs that got past the old ones.
+"""Issue 25: the shared checks of ``valuelab._engine.checks`` -- index ranges, flags, scalars, seeds -- and the inputs that got past the old ones.
 
 One section per class of defect. Each test names the input that used to
 fail and what it did on the code before the fix (a segfault, a truncated or
@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import valuelab as vl
-from valuelab import critic, distributed, policy, ppo, transformer, world
+from valuelab import distributed
+from valuelab.lab import critic, policy, ppo, transformer, world
 from valuelab.integrations import peers, torchrl as vtorchrl, trl as vtrl
 from valuelab.packed import discounted_returns_packed, gae_packed, packing
 
@@ -95,7 +96,7 @@ def test_transformer_index_tensors_on_the_meta_device_are_refused_by_name():
 
 
 def test_check_index_range_compares_without_overflow():
-    from valuelab._checks import check_index_range
+    from valuelab._engine.checks import check_index_range
 
     # PyTorch itself gets these comparisons wrong: the bound wraps into the tensor's dtype
     assert not bool((torch.tensor([1], dtype=torch.int32) < 2**40).any())
@@ -203,7 +204,7 @@ def test_scalars_that_valuelab_gae_refuses_are_refused_everywhere():
 
 
 def test_check_scalar_and_check_flag():
-    from valuelab._checks import check_flag, check_nonnegative_scalar, check_scalar
+    from valuelab._engine.checks import check_flag, check_nonnegative_scalar, check_scalar
 
     assert check_scalar(np.float32(0.5), "x") == 0.5 and check_scalar(3, "x") == 3.0
     for bad, msg in ((True, r"^x must be a real number, not bool$"), (np.bool_(False), r"^x must be a real number, not bool$"),
@@ -314,7 +315,7 @@ def test_seeds_of_the_wrong_type_are_type_errors_naming_the_argument(where):
 
 
 def test_check_seed():
-    from valuelab._checks import SEED_MAX, check_seed
+    from valuelab._engine.checks import SEED_MAX, check_seed
 
     assert SEED_MAX == INT64_MAX and check_seed(np.int64(3)) == 3 and check_seed(None, none_ok=True) is None
     with pytest.raises(TypeError, match=r"^s must be an int or None, got float$"):

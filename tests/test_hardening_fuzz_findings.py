@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from valuelab import distributed, losses, policy, ppo, stats, transformer
+from valuelab import distributed, losses
+from valuelab.lab import policy, ppo, stats, transformer
 from valuelab.advantages import decoupled_gae, gae
 from valuelab.integrations import torchrl, trl, verl
 from valuelab.integrations._conventions import carry_into_holes, zero_holes
@@ -48,7 +49,7 @@ def test_efficient_zero_token_ids_do_not_crash_the_process():
     materialised the zeros, the model read the original). Run in a child: a crash is a failed test, not a dead run."""
     code = """
         import torch
-        from valuelab import transformer
+        from valuelab.lab import transformer
         m = transformer.TinyTransformer(1, 4, 3, d_model=2, n_layers=1, n_heads=1, d_ff=4, seed=0)
         z = torch._efficientzerotensor((1, 2, 3), dtype=torch.long)
         dense = torch.zeros((1, 2, 3), dtype=torch.long)
@@ -360,7 +361,7 @@ def test_efficient_zero_rows_do_not_crash_sequence_inputs():
     """``sequence_inputs(rows=torch._efficientzerotensor(...))``: SIGSEGV (the check read a copy, the index the original)."""
     code = """
         import torch
-        from valuelab import policy, transformer
+        from valuelab.lab import policy, transformer
         w = policy.make_prompt_world(n_prompts=1, vocab_size=4, max_len=2, seed=0)
         probs = torch.as_tensor(w.reference_policy())[None]
         b = policy.sample_responses(w, probs, 2, [0])
@@ -407,14 +408,14 @@ def test_an_error_inside_a_rank_comes_back_as_that_error():
 @pytest.mark.parametrize("device", [np.int8(99), 99])
 def test_devices_are_checked_by_name(device):
     """``train_many(device=np.int8(99))``: torch's "Cannot access accelerator device" before."""
-    from valuelab.world import make_world, sample
+    from valuelab.lab.world import make_world, sample
 
     with pytest.raises(TypeError, match="device"):
         sample(make_world(max_len=3, seed=0), 2, 0, device=device)
 
 
 def test_devices_that_do_not_exist_are_refused():
-    from valuelab._checks import check_device
+    from valuelab._engine.checks import check_device
 
     assert check_device("cpu") == torch.device("cpu")
     for bad in ("tpu", "gpu7", "meta", "cuda:99" if torch.cuda.is_available() else "cuda"):

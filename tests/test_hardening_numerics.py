@@ -23,8 +23,9 @@ import pytest
 import torch
 
 import valuelab as vl
-from valuelab import distributed, losses, policy, ppo, stats, transformer, world
-from valuelab.stats import t_quantile
+from valuelab import distributed, losses
+from valuelab.lab import policy, ppo, stats, transformer, world
+from valuelab.lab.stats import t_quantile
 
 F64 = torch.float64
 
@@ -49,7 +50,7 @@ HANGING = [(1 - 2**-53, 1), (1 - 2**-53, 30), (0.975, 10**17), (0.975, 10**300),
 def test_t_quantile_ends_for_arguments_that_used_to_hang():
     proc = _run_isolated(f"""
         import json
-        from valuelab.stats import t_quantile
+        from valuelab.lab.stats import t_quantile
         print(json.dumps([t_quantile(p, df) for p, df in {HANGING!r}]))
     """, timeout=90)  # the old code: subprocess.TimeoutExpired
     assert proc.returncode == 0, proc.stderr
@@ -291,14 +292,14 @@ def test_shard_sizes_must_be_non_negative_row_counts():
 @pytest.mark.parametrize("value, on", [("0", False), ("false", False), ("OFF", False), (" No ", False),
                                        ("1", True), ("True", True), ("yes", True), ("on", True), ("", True)])
 def test_switch_spellings(monkeypatch, value, on):
-    from valuelab._checks import env_switch
+    from valuelab._engine.checks import env_switch
 
     monkeypatch.setenv("VALUELAB_TEST_SWITCH", value)
     assert env_switch("VALUELAB_TEST_SWITCH", True) is on
 
 
 def test_unknown_switch_value_is_not_ignored_silently(monkeypatch):
-    from valuelab._checks import env_switch
+    from valuelab._engine.checks import env_switch
 
     monkeypatch.setenv("VALUELAB_TEST_SWITCH", "disable")
     with pytest.warns(UserWarning, match=r"VALUELAB_TEST_SWITCH='disable' is neither on .* nor off"):
@@ -307,7 +308,7 @@ def test_unknown_switch_value_is_not_ignored_silently(monkeypatch):
 
 def test_valuelab_native_off_in_any_spelling():
     # old: only the string "0" switched the kernel off; "off", "false", "no" were ignored without a word
-    code = "from valuelab import _native; print(_native.status())"
+    code = "from valuelab._engine import native as _native; print(_native.status())"
     for value in ("off", "FALSE"):
         proc = _run_isolated(code, env={"VALUELAB_NATIVE": value})
         assert proc.returncode == 0, proc.stderr
@@ -328,7 +329,7 @@ def _meta(*shape, dtype=torch.float32):
     (lambda: transformer.explained_variance(_meta(3), torch.ones(3), torch.ones(3, dtype=torch.bool)), "prediction"),
     (lambda: transformer.explained_variance(torch.ones(3), torch.ones(3), _meta(3, dtype=torch.bool)), "mask"),
     # old: NotImplementedError from float(d)
-    (lambda: __import__("valuelab._fastscan", fromlist=["x"]).fast_backward_scan(torch.ones(2, 5), _meta(())), "d"),
+    (lambda: __import__("valuelab._engine.fastscan", fromlist=["x"]).fast_backward_scan(torch.ones(2, 5), _meta(())), "d"),
 ])
 def test_meta_tensors_are_refused_by_name(call, name):
     with pytest.raises(ValueError, match=rf"^{name} is a meta tensor"):

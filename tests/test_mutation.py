@@ -76,7 +76,7 @@ PROPOSITIONS = propositions()  # label -> (chapter file, status kind)
 
 # the end-to-end vacuity run: chapter 5 up to its instance checks at T = 5 (cells 21 and 23), with every assert of
 # the proof cells of prop-gae-closed disabled; the slips aimed at that proposition: those planted in its proof
-# cells, and one in valuelab.symbolic.gae_closed_form, which only the instance checks still stop
+# cells, and one in valuelab.lab.symbolic.gae_closed_form, which only the instance checks still stop
 VACUITY_SPEC = "ch05"
 VACUITY_LABELS = ("prop-gae-closed",)
 VACUITY_LIBRARY_SLIP = "closed-limit-minus-1"

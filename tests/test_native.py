@@ -1,4 +1,4 @@
-"""The C kernel (valuelab/_gae_kernel.c through valuelab._native): results, the install-time build, the loader.
+"""The C kernel (valuelab/_engine/_gae_kernel.c through valuelab._engine.native): results, the install-time build, the loader.
 
 The kernel cuts each row into runs of valid and masked tokens and scans a
 valid run in vectors of W = 16 (float32) or 8 (float64) tokens, so the cases
@@ -38,8 +38,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import valuelab
-from valuelab import _native
-from valuelab import reference as ref
+from valuelab._engine import native as _native
+from valuelab.lab import reference as ref
 
 DTYPES = [torch.float32, torch.float64]
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ needs_compiler = pytest.mark.skipif(not COMPILERS, reason="no gcc or clang")
 
 
 def _oracle(r, v, mask, gamma, lam, boot):
-    """valuelab.reference.gae_recursion on each row's valid tokens (float64), 0 elsewhere; gamma, lam rounded to the dtype."""
+    """valuelab.lab.reference.gae_recursion on each row's valid tokens (float64), 0 elsewhere; gamma, lam rounded to the dtype."""
     g = float(torch.tensor(gamma, dtype=r.dtype))
     lm = float(torch.tensor(lam, dtype=r.dtype))
     B, T = r.shape
@@ -307,7 +307,7 @@ def test_the_installed_kernel_shares_pytorchs_openmp_runtime():
     # PyTorch's, so one libgomp is mapped, the one torch loaded, not a second runtime beside it
     if "OpenMP" not in _native.status():
         pytest.skip(f"built without OpenMP: {_native.status()}")
-    code = ("import torch, valuelab._native as n; assert n.available(); "
+    code = ("import torch, valuelab._engine.native as n; assert n.available(); "
             "print(sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     mapped = ast.literal_eval(out.stdout.strip())
@@ -354,7 +354,7 @@ def test_kernel_is_built_where_a_compiler_exists():
     assert _native.available(), _native.status()  # if this fails after editing the C file: pip install -e .
     assert _native.status().startswith("C kernel")
     assert _native.library_path() == INSTALLED
-    assert INSTALLED.parent == Path(valuelab.__file__).resolve().parent  # inside the package, nowhere else
+    assert INSTALLED.parent == Path(valuelab.__file__).resolve().parent / "_engine"  # inside the package, nowhere else
 
 
 # ---------------------------------------------------------------------------
@@ -606,7 +606,7 @@ def test_no_warning_when_the_kernel_loads(loader):
 
 
 def test_environment_switch_turns_the_kernel_off():
-    code = "from valuelab import _native; print(_native.status())"
+    code = "from valuelab._engine import native as _native; print(_native.status())"
     env = dict(os.environ, VALUELAB_NATIVE="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "C kernel switched off: PyTorch block scan"
@@ -669,7 +669,7 @@ def test_info_when_switched_off():
 
 
 def test_info_when_the_kernel_is_missing(tmp_path):
-    code = ("import sys; from pathlib import Path; from valuelab import _native; "
+    code = ("import sys; from pathlib import Path; from valuelab._engine import native as _native; "
             f"_native.LIBRARY = Path({str(tmp_path / 'none.so')!r}); "
             "from valuelab.__main__ import main; sys.exit(main(['info']))")
     rc, lines = _info(code=code)

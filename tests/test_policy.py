@@ -1,4 +1,4 @@
-"""Tests of the many-prompt world of chapter 12 (``valuelab.policy``): exact evaluation, the soft optimum, sampling.
+"""Tests of the many-prompt world of chapter 12 (``valuelab.lab.policy``): exact evaluation, the soft optimum, sampling.
 
 Every oracle is built independently of the code under test: Monte-Carlo
 rollouts, enumeration of every response of a tiny world, or the Bellman
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from valuelab import discounted_returns
-from valuelab.policy import (
+from valuelab.lab.policy import (
     PolicyEvaluation,
     PromptBatch,
     PromptWorld,
@@ -28,7 +28,7 @@ from valuelab.policy import (
     sample_responses,
     soft_optimal,
 )
-from valuelab.world import EOS, GOOD
+from valuelab.lab.world import EOS, GOOD
 
 
 def random_policy(world: PromptWorld, seed: int, lead: tuple = (), scale: float = 1.0) -> np.ndarray:

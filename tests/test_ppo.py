@@ -1,4 +1,4 @@
-"""Tests of the PPO loop of chapter 12 (``valuelab.ppo``): the clipped surrogate, group advantages, the kappa fit, training.
+"""Tests of the PPO loop of chapter 12 (``valuelab.lab.ppo``): the clipped surrogate, group advantages, the kappa fit, training.
 
 The loss oracles are plain loops over tokens; the training tests use tiny
 worlds and a few iterations so that the whole file runs in a few seconds.
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from valuelab.policy import evaluate_policy, make_prompt_world, soft_optimal
-from valuelab.ppo import AdvantageFit, Arm, PolicyLoss, PPOConfig, PPOHistory, advantage_fit, group_advantages, policy_loss, train_ppo
+from valuelab.lab.policy import evaluate_policy, make_prompt_world, soft_optimal
+from valuelab.lab.ppo import AdvantageFit, Arm, PolicyLoss, PPOConfig, PPOHistory, advantage_fit, group_advantages, policy_loss, train_ppo
 
 # ---------------------------------------------------------------------------
 # policy_loss
@@ -466,15 +466,15 @@ def test_default_device_is_picked(world, monkeypatch):
 # one iteration of train_ppo against a loop written from the PPO equations
 # ---------------------------------------------------------------------------
 #
-# The loop below uses nothing of valuelab.ppo, valuelab.advantages or valuelab.losses: it takes the batch from
-# valuelab.policy.sample_responses (the environment: the same generators give the same responses) and writes
+# The loop below uses nothing of valuelab.lab.ppo, valuelab.advantages or valuelab.losses: it takes the batch from
+# valuelab.lab.policy.sample_responses (the environment: the same generators give the same responses) and writes
 # the rest out: the k1 KL-shaped rewards, GAE with the arm's two λs (or the group baseline), per-run whitening,
 # the κ fit, PPO's clipped surrogate and clipped value loss (each run's token mean over its minibatch rows),
 # and Adam, element by element, over epochs x minibatches, each run with its own tables and minibatch order.
-# tests/test_mutants_ppo.py plants slips in valuelab/ppo.py and checks that this comparison catches them.
+# tests/test_mutants_ppo.py plants slips in valuelab/lab/ppo.py and checks that this comparison catches them.
 
-import valuelab.ppo as ppo_module  # noqa: E402
-from valuelab.policy import sample_responses  # noqa: E402
+import valuelab.lab.ppo as ppo_module  # noqa: E402
+from valuelab.lab.policy import sample_responses  # noqa: E402
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which train_ppo keeps
 WHITEN_EPS, GROUP_EPS = 1e-8, 1e-6
@@ -745,7 +745,7 @@ HAND_SEEDS = [3, 11]
 
 
 def check_one_iteration(module, case) -> dict:
-    """Train one iteration with ``module`` (valuelab.ppo or a planted copy) and compare with ppo_by_hand."""
+    """Train one iteration with ``module`` (valuelab.lab.ppo or a planted copy) and compare with ppo_by_hand."""
     name, world_key, arm_kw, cfg_kw = case
     world = make_prompt_world(**HAND_WORLDS[world_key])
     cfg = {**HAND_BASE, **cfg_kw}
@@ -801,7 +801,7 @@ def check_defaults(module):
 
 
 def test_train_many_messages(world):
-    from valuelab.ppo import train_many
+    from valuelab.lab.ppo import train_many
 
     cfg = PPOConfig(iterations=1, samples_per_prompt=2, minibatches=1)
     arm = Arm("g", estimator="group")
@@ -846,7 +846,7 @@ def test_train_many_in_this_process(world, monkeypatch):
     import inspect
     import os
 
-    from valuelab.ppo import train_many
+    from valuelab.lab.ppo import train_many
 
     assert inspect.signature(train_many).parameters["processes"].default == 2
     cfg = PPOConfig(iterations=1, samples_per_prompt=2, minibatches=1)
@@ -865,7 +865,7 @@ def test_train_many_in_this_process(world, monkeypatch):
 def test_train_many_forks_two_or_more_cpu_jobs_and_uses_the_given_device(world, monkeypatch):
     import os
 
-    from valuelab.ppo import train_many
+    from valuelab.lab.ppo import train_many
 
     def refuse():
         raise AssertionError("pick_device called although a device was given")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from valuelab.critic import TabularCritic, TinyCritic, fit_critic, value_error
-from valuelab.pretrain import pretrain_value
-from valuelab.world import make_world, sample
+from valuelab.lab.critic import TabularCritic, TinyCritic, fit_critic, value_error
+from valuelab.lab.pretrain import pretrain_value
+from valuelab.lab.world import make_world, sample
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import valuelab as vl
 from valuelab import losses as vl_losses
-from valuelab import reference as ref
+from valuelab.lab import reference as ref
 
 
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["k1", "k2", "k3"]), st.floats(0.0, 1.0))

@@ -1,4 +1,4 @@
-"""valuelab.stats: the t quantile against SciPy, the intervals against their definition, bad input named."""
+"""valuelab.lab.stats: the t quantile against SciPy, the intervals against their definition, bad input named."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import valuelab as vl
-from valuelab.stats import t_quantile
+from valuelab import lab
+from valuelab.lab.stats import t_quantile
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -71,23 +72,23 @@ def test_bad_level_and_pairs():
 
 def test_pm_fixed_decimals_and_bad_input():
     ci = vl.mean_ci([1.0, 2.0, 3.0, 4.0])
-    assert vl.stats.pm(ci, 3) == f"{ci.mean:.3f} ± {ci.half:.3f}"
-    assert vl.stats.pm(ci) == f"{ci.mean:.2f} ± {ci.half:.2f}"
+    assert lab.stats.pm(ci, 3) == f"{ci.mean:.3f} ± {ci.half:.3f}"
+    assert lab.stats.pm(ci) == f"{ci.mean:.2f} ± {ci.half:.2f}"
     with pytest.raises(TypeError, match="ci must"):
-        vl.stats.pm((1.0, 0.1))
+        lab.stats.pm((1.0, 0.1))
     with pytest.raises(ValueError, match="decimals"):
-        vl.stats.pm(ci, -1)
+        lab.stats.pm(ci, -1)
 
 
 def test_pm_never_prints_negative_zero():
     ci = vl.mean_ci([-0.0001, 0.0, 0.00005])
-    assert vl.stats.pm(ci, 2).startswith("0.00 ± ")
+    assert lab.stats.pm(ci, 2).startswith("0.00 ± ")
 
 
 def test_equivalence_is_scipys_two_one_sided_tests():
     """TOST: equivalent iff both one-sided t-tests reject at alpha, i.e. the 1 - 2 alpha interval is inside the margin."""
     scipy_stats = pytest.importorskip("scipy.stats")
-    from valuelab.stats import equivalence
+    from valuelab.lab.stats import equivalence
 
     rng = np.random.default_rng(3)
     agree = 0
@@ -105,7 +106,7 @@ def test_equivalence_is_scipys_two_one_sided_tests():
 
 def test_equivalence_is_not_the_95_interval_containing_zero():
     """The nearest wrong rule, 'the 95% interval contains 0', rewards few seeds; TOST does not."""
-    from valuelab.stats import equivalence
+    from valuelab.lab.stats import equivalence
 
     few = np.array([0.004, -0.003, 0.005])  # wide interval: contains 0, yet nothing is shown
     assert vl.mean_ci(few).lo < 0 < vl.mean_ci(few).hi and not equivalence(few, 0.003).equivalent
@@ -118,7 +119,7 @@ def test_equivalence_is_not_the_95_interval_containing_zero():
 
 
 def test_markdown_table_exact_text_and_refusals():
-    from valuelab.stats import markdown_table
+    from valuelab.lab.stats import markdown_table
 
     assert markdown_table(("arm", "gap"), [["a|b", 0.5], ("c", 3)]) == (
         "| arm | gap |\n|---|---|\n| a\\|b | 0.5 |\n| c | 3 |")

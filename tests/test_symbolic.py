@@ -1,7 +1,7 @@
-"""The SymPy definitions of valuelab.symbolic, evaluated on numbers, against the batched torch functions.
+"""The SymPy definitions of valuelab.lab.symbolic, evaluated on numbers, against the batched torch functions.
 
 Chapters 4 and 5 prove identities about the expressions of
-:mod:`valuelab.symbolic`; these tests close the loop by checking that those
+:mod:`valuelab.lab.symbolic`; these tests close the loop by checking that those
 very expressions compute what :mod:`valuelab` computes.
 """
 
@@ -15,8 +15,8 @@ import sympy as sp
 import torch
 
 import valuelab as vl
-from valuelab import reference as ref
-from valuelab import symbolic as sy
+from valuelab.lab import reference as ref
+from valuelab.lab import symbolic as sy
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 LENGTHS = [1, 2, 3, 5, 7]

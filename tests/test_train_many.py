@@ -1,4 +1,4 @@
-"""valuelab.ppo.train_many: jobs over forked processes give exactly what train_ppo gives in one process."""
+"""valuelab.lab.ppo.train_many: jobs over forked processes give exactly what train_ppo gives in one process."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from valuelab.policy import make_prompt_world
-from valuelab.ppo import Arm, PPOConfig, train_many, train_ppo
+from valuelab.lab.policy import make_prompt_world
+from valuelab.lab.ppo import Arm, PPOConfig, train_many, train_ppo
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""valuelab.transformer: shapes, causality, the alignment of V(s_t), padding, independent models, the RM start."""
+"""valuelab.lab.transformer: shapes, causality, the alignment of V(s_t), padding, independent models, the RM start."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import valuelab as vl
-from valuelab.critic import propagation_fraction
-from valuelab.policy import count_good, evaluate_policy, make_prompt_world, sample_responses
-from valuelab.transformer import (
+from valuelab.lab.critic import propagation_fraction
+from valuelab.lab.policy import count_good, evaluate_policy, make_prompt_world, sample_responses
+from valuelab.lab.transformer import (
     TinyTransformer,
     explained_variance,
     final_scores,

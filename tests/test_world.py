@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from valuelab import discounted_returns
-from valuelab.world import EOS, GOOD, Rollout, World, exact_q, make_world, sample
+from valuelab.lab.world import EOS, GOOD, Rollout, World, exact_q, make_world, sample
 
 
 def bellman_rhs(world: World, t: int, c: int, k: int) -> float:

@@ -10,7 +10,7 @@
    but from this checkout instead of the repository URL (the sandbox has no
    network to GitHub; ``tests/test_colab.py`` checks that every setup cell
    installs ``valuelab[book]`` from ``repository.url``), then what chapter
-   15's setup cell adds: ``valuelab.lm.INSTALL`` (the model's weights).
+   15's setup cell adds: ``valuelab.lab.lm.INSTALL`` (the model's weights).
 3. Each chapter copied alone into an empty folder and executed there, top to
    bottom, with nbconvert: no ``chapters/data``, no ``lib/``, no ``tests/``.
 
@@ -35,8 +35,8 @@ COLAB_SHIPS = ["numpy", "sympy", "matplotlib", "scipy", "tqdm", "ipykernel", "nb
 
 
 def lm_install() -> list:
-    """What chapter 15's setup cell runs after installing valuelab: ``valuelab.lm.INSTALL`` (read from the source)."""
-    text = (ROOT / "lib" / "valuelab" / "lm.py").read_text(encoding="utf-8")
+    """What chapter 15's setup cell runs after installing valuelab: ``valuelab.lab.lm.INSTALL`` (read from the source)."""
+    text = (ROOT / "lib" / "valuelab" / "lab" / "lm.py").read_text(encoding="utf-8")
     return re.search(r'^INSTALL = "([^"]+)"', text, re.M).group(1).split()
 
 

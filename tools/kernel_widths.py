@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = "lib/valuelab/_gae_kernel.c"
+SOURCE = "lib/valuelab/_engine/_gae_kernel.c"
 ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_double, ctypes.c_double,
                                     ctypes.c_int, ctypes.c_int]
 NEW_BUILDS = {"widest": [], "32-byte": ["-DVALUELAB_MAX_VECTOR=32"], "16-byte": ["-DVALUELAB_NO_CLONES"]}

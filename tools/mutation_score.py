@@ -45,9 +45,9 @@ EQUIVALENT = ROOT / "tests" / "mutants_equivalent.txt"
 # run in its own copy. The tests are those that exercise the module directly; slow suites that only pass
 # through it (the chapters, the trainer processes, the benchmarks) are left out to keep the run affordable.
 GROUPS: List[Tuple[str, List[str], List[str]]] = [
-    ("ppo", ["ppo.py"], ["tests/test_ppo.py", "tests/test_train_many.py"]),
-    ("policy", ["policy.py"], ["tests/test_policy.py"]),
-    ("transformer", ["transformer.py"], ["tests/test_transformer.py"]),
+    ("ppo", ["lab/ppo.py"], ["tests/test_ppo.py", "tests/test_train_many.py"]),
+    ("policy", ["lab/policy.py"], ["tests/test_policy.py"]),
+    ("transformer", ["lab/transformer.py"], ["tests/test_transformer.py"]),
     ("advantages", ["advantages.py"], ["tests/test_estimators.py", "tests/test_errors.py"]),
     ("returns", ["returns.py"], ["tests/test_estimators.py", "tests/test_errors.py"]),
     # losses: the group paths are run on a one-rank process group in test_rewards_losses; tests/test_distributed.py
@@ -55,10 +55,10 @@ GROUPS: List[Tuple[str, List[str], List[str]]] = [
     ("losses", ["losses.py"], ["tests/test_rewards_losses.py", "tests/test_errors.py"]),
     ("packed", ["packed.py"], ["tests/test_packed.py"]),
     # the shared checks and the statistics (issue 25): their own tests, not the fuzz suite (a worker process per call)
-    ("checks", ["_checks.py"], ["tests/test_hardening_checks.py", "tests/test_hardening_numerics.py",
-                                "tests/test_hardening_fuzz_findings.py", "tests/test_errors.py"]),
-    ("stats", ["stats.py"], ["tests/test_stats.py", "tests/test_hardening_numerics.py",
-                             "tests/test_hardening_fuzz_findings.py"]),
+    ("checks", ["_engine/checks.py"], ["tests/test_hardening_checks.py", "tests/test_hardening_numerics.py",
+                                       "tests/test_hardening_fuzz_findings.py", "tests/test_errors.py"]),
+    ("stats", ["lab/stats.py"], ["tests/test_stats.py", "tests/test_hardening_numerics.py",
+                                 "tests/test_hardening_fuzz_findings.py"]),
     ("integrations", ["integrations/verl.py", "integrations/openrlhf.py", "integrations/torchrl.py", "integrations/trl.py",
                       "integrations/_conventions.py", "integrations/_swap.py"],
      ["tests/test_integrations.py", "tests/test_torchrl_gae.py", "tests/test_mutants_integrations.py"]),

@@ -1,9 +1,9 @@
 """``python -m valuelab info``: the versions, and which path CPU GAE takes on this machine (chapter 9, "One pass in C").
 
 Prints the valuelab and torch versions, the CPU path in use
-(:func:`valuelab._native.status`: the C kernel and the code it runs, or the
+(:func:`valuelab._engine.native.status`: the C kernel and the code it runs, or the
 PyTorch block scan and why), the file the kernel was loaded from, and the
-vector width W per dtype of the kernel this CPU runs (:func:`valuelab._native.lanes`,
+vector width W per dtype of the kernel this CPU runs (:func:`valuelab._engine.native.lanes`,
 the W of :eq:`eq-fast-vector-scan`). Exits 0 whichever path it is.
 """
 
@@ -16,7 +16,8 @@ from typing import List, Optional
 
 import torch
 
-from . import __version__, _native
+from . import __version__
+from ._engine import native as _native
 
 
 def info() -> str:

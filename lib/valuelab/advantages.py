@@ -10,11 +10,11 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ._docs import padded_conventions
-from ._checks import check_nonnegative_scalar, dense, renamed
-from ._fastscan import fast_backward_scan, time_invariant_decay
-from ._problem import Problem, check_outputs, fast_gae, solve, validate
-from ._scan import compact, shift_next
+from ._engine.docs import padded_conventions
+from ._engine.checks import check_nonnegative_scalar, dense, renamed
+from ._engine.fastscan import fast_backward_scan, time_invariant_decay
+from ._engine.problem import Problem, check_outputs, fast_gae, solve, validate
+from ._engine.scan import compact, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -86,14 +86,14 @@ def gae(
     outputs; the recursion carries over holes.
 
     No Python loop over tokens: for numeric ``gamma`` and ``lam``, on a CPU,
-    one pass of a C kernel (:mod:`valuelab._native`, :eq:`eq-fast-vector-scan`
+    one pass of a C kernel (:mod:`valuelab._engine.native`, :eq:`eq-fast-vector-scan`
     of chapter 9); on a GPU or without a C compiler the λ-return is scanned
-    in blocks by matrix products (``valuelab._blocked.fused_returns``,
+    in blocks by matrix products (``valuelab._engine.blocked.fused_returns``,
     :eq:`eq-fast-lambda-return` and :eq:`eq-fast-block`); for tensor
     ``gamma`` or ``lam``, a dtype other than float32/64, or inputs that
     need gradients, the TD errors are scanned by
-    ``valuelab._fastscan.fast_backward_scan``;
-    :func:`valuelab._problem.solve` chooses. The results equal the
+    ``valuelab._engine.fastscan.fast_backward_scan``;
+    :func:`valuelab._engine.problem.solve` chooses. The results equal the
     recursion's to float rounding.
 
     {conventions}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Sequence
 
 import torch
 
-from ._checks import check_int, check_like, check_mask, check_memory, check_nonnegative_scalar, check_positive_int, check_seed, check_sequence_tensor, renamed, shown
+from ._engine.checks import check_int, check_like, check_mask, check_memory, check_nonnegative_scalar, check_positive_int, check_seed, check_sequence_tensor, renamed, shown
 from .losses import AGGREGATIONS, masked_mean, masked_var, masked_whiten, value_loss_stats
 
 __all__ = ["run_on_ranks", "demo_batch", "batch_statistics", "shard_statistics"]

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from ._checks import (
+from ._engine.checks import (
     canonical_mask,
     check_count,
     check_dim,
@@ -25,8 +25,8 @@ from ._checks import (
     scale_of,
     within_dtype,
 )
-from ._dist import all_sum, check_group, global_sums
-from ._scan import as_batch
+from ._engine.dist import all_sum, check_group, global_sums
+from ._engine.scan import as_batch
 
 __all__ = ["masked_mean", "masked_var", "masked_whiten", "value_loss", "value_loss_stats", "ValueLossStats", "aggregate", "AGGREGATIONS"]
 
@@ -54,7 +54,7 @@ def _scale(x: torch.Tensor, m: torch.Tensor, dim: Optional[int]) -> torch.Tensor
 
     Dividing by it first keeps every sum and square below the largest float
     (a mean of finite numbers is finite; so is a variance once scaled), and
-    exactly (:func:`valuelab._checks.scale_of`).
+    exactly (:func:`valuelab._engine.checks.scale_of`).
     """
     return scale_of(x, m, dim)
 
@@ -314,7 +314,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, aggregation: str = "t
     broadcast; required). Masked entries may hold anything, NaN
     included; valid ones must be finite, and a result that overflows the
     dtype (a sum of ``[1e308, 1e308]``) is a ValueError naming ``per_token``.
-    :func:`valuelab.value_loss` and :func:`valuelab.ppo.policy_loss` use
+    :func:`valuelab.value_loss` and :func:`valuelab.lab.ppo.policy_loss` use
     the same reduction on inputs they have checked.
 
     Conventions: ``mask`` is 1/True on the tokens the policy generated

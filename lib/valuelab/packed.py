@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._checks import check_flag, check_index_range, check_int, check_sequence_tensor, dense
+from ._engine.checks import check_flag, check_index_range, check_int, check_sequence_tensor, dense
 from .advantages import GAEResult, gae
 from .returns import discounted_returns
 
@@ -46,7 +46,7 @@ def packing(cu_seqlens: torch.Tensor, n_tokens: int) -> Packing:
     decreases (empty sequences are allowed) and ends at ``n_tokens``;
     otherwise ``ValueError`` naming it (``TypeError`` for a float or bool one).
     The entries are compared with their bounds and their neighbours before
-    any is subtracted (``valuelab._checks.check_index_range``): offsets
+    any is subtracted (``valuelab._engine.checks.check_index_range``): offsets
     whose differences wrap around in int64 are refused, not handed to
     ``repeat_interleave``. A meta tensor is refused too (ValueError).
     """

@@ -13,12 +13,12 @@ from typing import Optional, Union
 
 import torch
 
-from ._docs import padded_conventions
-from ._checks import check_positive_int
-from ._fastscan import fast_backward_scan, time_invariant_decay
-from ._nstep import fast_nstep_returns
-from ._problem import Problem, check_outputs, solve, validate
-from ._scan import compact, shift_next
+from ._engine.docs import padded_conventions
+from ._engine.checks import check_positive_int
+from ._engine.fastscan import fast_backward_scan, time_invariant_decay
+from ._engine.nstep import fast_nstep_returns
+from ._engine.problem import Problem, check_outputs, solve, validate
+from ._engine.scan import compact, shift_next
 
 FloatOrTensor = Union[float, torch.Tensor]
 
@@ -42,7 +42,7 @@ def discounted_returns(
     :math:`G_t = r_t + \gamma_t G_{t+1}` :eq:`eq-mc-recursion` with
     :math:`G_{T+1}` = ``bootstrap``, without a Python loop over tokens: for
     a numeric ``gamma`` on a CPU, one pass of the C kernel
-    (:mod:`valuelab._native`), else the blocked scan of chapter 9.
+    (:mod:`valuelab._engine.native`), else the blocked scan of chapter 9.
 
     Conventions: the reward-model score is the reward of the last valid
     token (:func:`valuelab.kl_shaped_rewards` puts it there,

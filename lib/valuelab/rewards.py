@@ -16,8 +16,8 @@ from typing import Optional, Union
 
 import torch
 
-from ._checks import canonical_mask, check_bootstrap, check_like, check_mask, check_nonnegative_scalar, check_sequence_tensor, require_finite
-from ._scan import as_batch
+from ._engine.checks import canonical_mask, check_bootstrap, check_like, check_mask, check_nonnegative_scalar, check_sequence_tensor, require_finite
+from ._engine.scan import as_batch
 
 __all__ = ["kl_penalty", "kl_shaped_rewards", "last_token_onehot", "KL_ESTIMATORS"]
 

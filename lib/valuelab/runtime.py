@@ -9,7 +9,7 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
-from ._checks import check_seed
+from ._engine.checks import check_seed
 
 __all__ = ["BOOK_STYLE", "pick_device", "seed_everything"]
 
@@ -36,7 +36,7 @@ def seed_everything(seed: int) -> torch.Generator:
     """Seed Python, numpy and torch (CPU and CUDA); return a CPU ``torch.Generator`` seeded the same.
 
     ``seed`` is an int in ``[0, 2**63 - 1]``, the range every seed argument of
-    valuelab takes (``valuelab._checks.check_seed``): TypeError or
+    valuelab takes (``valuelab._engine.checks.check_seed``): TypeError or
     ValueError naming ``seed`` otherwise. numpy's legacy global generator
     takes ``seed % 2**32``.
     """

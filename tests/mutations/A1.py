@@ -25,7 +25,7 @@ MUTATIONS = [
          old="two_step = disc_sum(t, t + 1, t) + gamma**2 * V[t + 2]",
          new="two_step = disc_sum(t, t + 1, t) + gamma * V[t + 2]",
          why="the two-step return bootstrapped with gamma V(s_{t+2}) instead of gamma^2 (E4)"),
-    Slip(name="oracle-window-one-short", aims_at=19, function="valuelab.reference:nstep_returns",
+    Slip(name="oracle-window-one-short", aims_at=19, function="valuelab.lab.reference:nstep_returns",
          old="end = min(t + n, L)", new="end = min(t + n - 1, L)",
          why="the oracle's n-step window stops one reward early (E4's numeric check)"),
     Slip(name="nstep-upper-limit-t-plus-n", aims_at=22, cell=22,

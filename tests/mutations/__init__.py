@@ -39,7 +39,7 @@ class Slip:
 
     ``cell`` is the 0-based index of the chapter's cell to edit, *or*
     ``function`` names a function of valuelab as ``"module:qualname"``
-    (e.g. ``"valuelab.symbolic:gae_closed_form"``) whose source is edited
+    (e.g. ``"valuelab.lab.symbolic:gae_closed_form"``) whose source is edited
     and re-defined in its module before the chapter runs. Exactly one of
     the two is given. ``why`` says in a few words what the slip is.
 

@@ -19,7 +19,7 @@ MUTATIONS = [
          why="the peeled-off first reward includes r_{t+1}"),
     Slip(name="recursion-gamma-squared", aims_at="prop-mc-recursion", cell=14, old="(first_term + gamma * G(t + 1))",
          new="(first_term + gamma**2 * G(t + 1))", why="recursion with the wrong power of gamma"),
-    Slip(name="reference-starts-late", aims_at=20, function="valuelab.reference:mc_returns", old="for k in range(t, L)",
+    Slip(name="reference-starts-late", aims_at=20, function="valuelab.lab.reference:mc_returns", old="for k in range(t, L)",
          new="for k in range(t + 1, L)", why="the oracle's return omits the reward of its own step"),
     Slip(name="var-1-over-N", aims_at=22, cell=22, old="/ N**2", new="/ N", why="Var of the mean with 1/N, not 1/N^2"),
     Slip(name="second-moment-is-variance", aims_at=22, cell=22, old="2: mu**2 + sigma**2}", new="2: sigma**2}",

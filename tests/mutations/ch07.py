@@ -25,7 +25,7 @@ MUTATIONS = [
          old="return dd - kk * step", new="return dd - (kk + 1) * step",
          why="the slack counts one refresh too many: ceil(L / n) - 1 refreshes would do"),
     # the library's targets against the literal transcriptions
-    Slip(name="target-is-the-advantage", aims_at=14, function="valuelab.critic:critic_targets",
+    Slip(name="target-is-the-advantage", aims_at=14, function="valuelab.lab.critic:critic_targets",
          old="gamma=gamma, lam=lam).returns", new="gamma=gamma, lam=lam).advantages",
          why="the critic regressed on the GAE advantage instead of the lambda-return"),
     # the sampled batch against the law

@@ -30,7 +30,7 @@ MUTATIONS = [
          old="new[t] = rho_[t] + (1 - lam_) * a[t + 1] + lam_ * new[t + 1]",
          new="new[t] = rho_[t] + lam_ * a[t + 1] + (1 - lam_) * new[t + 1]",
          why="the mean-profile recursion with lambda on the old table and (1 - lambda) on the new one"),
-    Slip(name="oracle-kl-reward-sign", aims_at=25, function="valuelab.reference:kl_shaped_rewards",
+    Slip(name="oracle-kl-reward-sign", aims_at=25, function="valuelab.lab.reference:kl_shaped_rewards",
          old="out.append(-beta * k)", new="out.append(beta * k)",
          why="the literal KL-shaped reward pays the KL instead of charging it"),
     Slip(name="lambda-return-gamma-dropped", aims_at=25, cell=25,

@@ -35,7 +35,7 @@ MUTATIONS = [
          new="(r_t + gam * V_next + gam * lam * G_next)) == 0",
          why="the lambda-return recursion with V(s_{t+1}) weighted 1 instead of (1 - lambda)"),
     # the library's blocked scan against the loop
-    Slip(name="carry-factor-one-short", aims_at=14, function="valuelab._toeplitz:_build_toeplitz_factors",
+    Slip(name="carry-factor-one-short", aims_at=14, function="valuelab._engine.toeplitz:_build_toeplitz_factors",
          old="q = _powers(c, n - k)", new="q = _powers(c, n - k - 1)",
          why="the library's carry factor c^(C-i-1), one step short (the slip the chapter warns about)"),
     # compaction

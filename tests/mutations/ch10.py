@@ -55,7 +55,7 @@ MUTATIONS = [
          old="var_sum = general_branch(sp.summation(lam ** (2 * j), (j, 1, n_later)))",
          new="var_sum = general_branch(sp.summation(lam ** (2 * j), (j, 0, n_later)))",
          why="the variance series counts the token's own TD error, which the exact critic makes exact"),
-    Slip(name="td-error-without-gamma", aims_at="prop-gae-critic-error", function="valuelab.symbolic:td_error",
+    Slip(name="td-error-without-gamma", aims_at="prop-gae-critic-error", function="valuelab.lab.symbolic:td_error",
          old="s.gamma * s.V[t + 1]",
          new="s.V[t + 1]", why="the TD error with an undiscounted next value"),
 ]

@@ -38,7 +38,7 @@ MUTATIONS = [
          old="D = lambda s: g * (g * lam) ** (TT - s) * bb",
          new="D = lambda s: g * (g * lam) ** (TT - s + 1) * bb", why="the bootstrap decays once more than it should"),
     Slip(name="gae-without-last-td-error", aims_at="prop-pit-truncation",
-         function="valuelab.symbolic:gae_closed_form", old="(s.l, 0, T - t))",
+         function="valuelab.lab.symbolic:gae_closed_form", old="(s.l, 0, T - t))",
          new="(s.l, 0, T - t - 1))", why="GAE summed without delta_T, the one TD error that holds the bootstrap"),
     Slip(name="truncation-prediction-power", aims_at=40, cell=40, old="(GAMMA * lam5) ** (L_CUT - 1 - t) * b_cut",
          new="(GAMMA * lam5) ** (L_CUT - t) * b_cut",

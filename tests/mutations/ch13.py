@@ -17,19 +17,19 @@ MUTATIONS = [
     Slip(name="shifted-critic-aligned", aims_at="prop-off-by-one", cell=13,
          old="heads[SHIFTED, :, 1:]", new="heads[SHIFTED, :, :-1]",
          why="the 'off-by-one' critics of the experiment read position t: there is nothing left to compare"),
-    # kappa (valuelab.ppo.advantage_fit) with the exact V and the exact Q as critics
-    Slip(name="kappa-reversed-regression", aims_at="prop-off-by-one", function="valuelab.ppo:advantage_fit",
+    # kappa (valuelab.lab.ppo.advantage_fit) with the exact V and the exact Q as critics
+    Slip(name="kappa-reversed-regression", aims_at="prop-off-by-one", function="valuelab.lab.ppo:advantage_fit",
          from_cell=12,
          old="kappa = float((dA * (a - a.mean())).sum()) / ss",
          new="kappa = float((dA * (a - a.mean())).sum()) / float(((a - a.mean()) ** 2).sum())",
          why="kappa as the slope of the exact advantage on the estimate (the regression reversed)"),
     Slip(name="exact-advantage-without-next-value", aims_at="prop-off-by-one",
-         function="valuelab.policy:sample_responses", from_cell=12,
+         function="valuelab.lab.policy:sample_responses", from_cell=12,
          old="advantages_exact = td_errors(rewards, values_exact, mask=mask, gamma=world.gamma)",
          new="advantages_exact = rewards - values_exact",
          why="the exact advantage r_t - V(s_t), without gamma V(s_{t+1})"),
-    # the library's alignment (valuelab.transformer.state_values), checked in cell 11 by changing one action
-    Slip(name="state-values-read-t-plus-1", aims_at=12, function="valuelab.transformer:state_values",
+    # the library's alignment (valuelab.lab.transformer.state_values), checked in cell 11 by changing one action
+    Slip(name="state-values-read-t-plus-1", aims_at=12, function="valuelab.lab.transformer:state_values",
          from_cell=12, old="return model(model.check_inputs(inputs))[..., :-1]",
          new="return model(model.check_inputs(inputs))[..., 1:]",
          why="V(s_t) read at position t + 1, which has already read a_t (the off-by-one of the chapter)"),

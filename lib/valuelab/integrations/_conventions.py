@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_mask, check_sequence_tensor
+from .._engine.checks import check_mask, check_sequence_tensor
 
 __all__ = ["HOLE_CONVENTIONS", "hole_convention", "carry_into_holes", "zero_holes"]
 

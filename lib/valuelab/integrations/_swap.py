@@ -14,7 +14,7 @@ from typing import Any, Callable, MutableMapping, Optional, Tuple, Union
 
 import torch
 
-from .._checks import check_scalar, dense
+from .._engine.checks import check_scalar, dense
 
 __all__ = ["swap", "rate", "promoted", "refuse_nonfinite"]
 

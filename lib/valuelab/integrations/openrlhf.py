@@ -28,7 +28,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .._checks import check_mask, check_sequence_tensor
+from .._engine.checks import check_mask, check_sequence_tensor
 from ..advantages import gae
 from ._conventions import zero_holes
 from ._swap import installed, promoted, rate, refuse_nonfinite, swap

@@ -25,7 +25,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from .._checks import check_flag, check_positive_int, check_scalar, check_seed
+from .._engine.checks import check_flag, check_positive_int, check_scalar, check_seed
 
 __all__ = ["VERSIONS", "installed", "source_file", "load_function", "verl_gae", "verl_compute_advantage",
            "openrlhf_gae", "trl_ppo_block", "runtime_available", "demo_batch", "verl_advantages", "verl_run_ppo",
@@ -152,7 +152,7 @@ def runtime_available() -> bool:
 def demo_batch(seed: int, rows: int = 6, length: int = 12):
     """``(rewards, values, mask)``: random float32 ``(rows, length)`` tensors, right padding and holes (mask int64).
 
-    ``seed`` in ``[0, 2**63 - 1]`` (``valuelab._checks.check_seed``), ``length`` at least 3.
+    ``seed`` in ``[0, 2**63 - 1]`` (``valuelab._engine.checks.check_seed``), ``length`` at least 3.
     """
     seed = check_seed(seed)
     rows = check_positive_int(rows, "rows")
@@ -170,7 +170,7 @@ def demo_batch(seed: int, rows: int = 6, length: int = 12):
 
 
 def _unit(x: object, name: str) -> float:
-    """A discount in [0, 1] as a float, for verl's config: ``True`` or ``"0.9"`` refused (``valuelab._checks.check_scalar``)."""
+    """A discount in [0, 1] as a float, for verl's config: ``True`` or ``"0.9"`` refused (``valuelab._engine.checks.check_scalar``)."""
     v = check_scalar(x, name)
     if not 0.0 <= v <= 1.0:  # NaN fails the comparison
         raise ValueError(f"{name} must lie in [0, 1], got {v}")

@@ -15,7 +15,7 @@ from its next value: valuelab's ``bootstrap``.
   functions of those names (same signature, same ``(advantage,
   value_target)``), any number of trajectories per row, any ``time_dim``,
   feature dimensions, tensor ``gamma`` / ``lmbda``; computed by valuelab's
-  scan (``valuelab._fastscan.fast_backward_scan``) without a Python loop
+  scan (``valuelab._engine.fastscan.fast_backward_scan``) without a Python loop
   over the steps.
 * :func:`to_torchrl` and :func:`from_torchrl`: valuelab's right-padded
   ``(B, T)`` batch (one trajectory per row, a mask) as TorchRL's ``(B, T, 1)``
@@ -29,10 +29,10 @@ from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from .._checks import (check_flag, check_int, check_mask, check_sequence_tensor, check_unit_interval, dense, require_finite,
+from .._engine.checks import (check_flag, check_int, check_mask, check_sequence_tensor, check_unit_interval, dense, require_finite,
                        require_finite_result,
                        unit_scalar)
-from .._fastscan import fast_backward_scan
+from .._engine.fastscan import fast_backward_scan
 
 __all__ = [
     "generalized_advantage_estimate",
@@ -83,7 +83,7 @@ def _kind_of_reward(x: torch.Tensor, name: str, reward: torch.Tensor) -> torch.T
 
 
 def _flag(x: object, name: str, reward: torch.Tensor) -> torch.Tensor:
-    """A bool tensor of exactly ``reward``'s shape, on its device (``valuelab._checks.check_flag``)."""
+    """A bool tensor of exactly ``reward``'s shape, on its device (``valuelab._engine.checks.check_flag``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor, got {type(x).__name__}")
     if x.dtype != torch.bool:
@@ -202,7 +202,7 @@ def generalized_advantage_estimate(
 
     No Python loop over the steps: the TD errors are computed elementwise,
     time is moved to the last axis and the other axes flattened into rows,
-    and valuelab's scan ``valuelab._fastscan.fast_backward_scan`` solves
+    and valuelab's scan ``valuelab._engine.fastscan.fast_backward_scan`` solves
     the recursion with the per-step decay ``gamma * lmbda * (1 - done)``
     (:eq:`eq-fast-scan` of chapter 9). TorchRL's two functions compute the
     same thing; so do valuelab's two, which share this implementation. The

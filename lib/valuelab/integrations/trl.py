@@ -26,7 +26,7 @@ from typing import NamedTuple, Tuple
 
 import torch
 
-from .._checks import check_flag, check_index_range, check_sequence_tensor, require_finite_result
+from .._engine.checks import check_flag, check_index_range, check_sequence_tensor, require_finite_result
 from ..advantages import gae
 from ..losses import masked_whiten
 from ._swap import rate

@@ -32,7 +32,7 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 
-from .._checks import check_mask, check_nonnegative_scalar, check_sequence_tensor, require_finite_result
+from .._engine.checks import check_mask, check_nonnegative_scalar, check_sequence_tensor, require_finite_result
 from ..advantages import gae
 from ..losses import _whiten_everywhere
 from ._conventions import carry_into_holes

@@ -32,10 +32,10 @@ from typing import NamedTuple, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ._checks import (check_memory, check_nonnegative_scalar, check_positive_int, check_scalar, check_seed, dense, require_finite,
+from .._engine.checks import (check_memory, check_nonnegative_scalar, check_positive_int, check_scalar, check_seed, dense, require_finite,
                       require_finite_result)
-from .advantages import td_errors
-from .rewards import kl_shaped_rewards
+from ..advantages import td_errors
+from ..rewards import kl_shaped_rewards
 from .world import EOS, GOOD, Rollout, ScoreFn, _check_unit, _generator, _score_table, fraction_good
 
 __all__ = [
@@ -55,7 +55,7 @@ __all__ = [
 def count_good(count: np.ndarray, length: np.ndarray, scale: float = 8.0) -> np.ndarray:
     """A reward model that pays for GOOD tokens, :math:`f(k, L) = \\min(k, s)/s` with ``s = scale`` (chapter 12 (:doc:`/chapters/12_critic_in_ppo`)).
 
-    Unlike :func:`valuelab.world.fraction_good` it rewards length: a response
+    Unlike :func:`valuelab.lab.world.fraction_good` it rewards length: a response
     needs ``scale`` GOOD tokens for the full score, as a long reasoning chain
     needs its steps.
 

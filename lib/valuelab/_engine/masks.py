@@ -2,7 +2,7 @@
 
 Loop-free helpers of the general and PyTorch paths (derived in
 :doc:`/chapters/09_fast_gae`, "holes"). Each takes a *canonical* bool mask (one
-byte per entry, 0 or 1; :meth:`valuelab._problem.Problem.torch_mask` makes
+byte per entry, 0 or 1; :meth:`valuelab._engine.problem.Problem.torch_mask` makes
 one from any bool tensor).
 """
 
@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ._workspace import scratch as _scratch
+from .workspace import scratch as _scratch
 
 __all__ = ["valid_first_order", "float_mask", "right_padded_rows", "compaction_index"]
 

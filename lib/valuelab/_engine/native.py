@@ -50,11 +50,12 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
-from ._checks import env_switch
+from .checks import env_switch
 
 __all__ = ["available", "status", "disabled", "scan", "run", "plain", "threads_for", "lanes", "widths", "library_path"]
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent  # valuelab/_engine: the kernel's source and library live here
+VALUELAB_DIR = PACKAGE_DIR.parent  # the whole package: a warning points at the first frame outside it
 SOURCE = PACKAGE_DIR / "_gae_kernel.c"
 LIBRARY = PACKAGE_DIR / ("_gae_kernel" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))  # setup.py's output
 _FALLBACK = "PyTorch block scan"
@@ -171,7 +172,7 @@ def _warn_fallback() -> None:
         if _warned:
             return
         _warned = True
-    level, frame, inside = 1, sys._getframe(0), str(PACKAGE_DIR) + os.sep
+    level, frame, inside = 1, sys._getframe(0), str(VALUELAB_DIR) + os.sep
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1  # point at the caller's line, outside valuelab
     warnings.warn(f"valuelab: {_status} (several times slower on a CPU; `python -m valuelab info` says more)",
@@ -202,7 +203,7 @@ def lanes() -> Optional[Dict[torch.dtype, int]]:
 
 
 def available() -> bool:
-    """Whether ``valuelab._native.scan`` runs the C kernel (loading it now if it has not been tried)."""
+    """Whether ``valuelab._engine.native.scan`` runs the C kernel (loading it now if it has not been tried)."""
     return _enabled and _load() is not None
 
 
@@ -393,7 +394,7 @@ def scan(
     during the same pass, of the returns written and of the masked tokens'
     inputs (at a valid token a non-finite input makes its return non-finite);
     the caller then checks entry by entry
-    (:func:`valuelab._problem.check_outputs`). A call that writes
+    (:func:`valuelab._engine.problem.check_outputs`). A call that writes
     ``VALUELAB_STREAM_BYTES`` of outputs or more (``_gae_kernel.c``) streams
     them past the caches.
 

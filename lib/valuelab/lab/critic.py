@@ -29,10 +29,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ._checks import check_nonnegative_scalar, check_positive_int, check_seed, shown
-from .advantages import gae
-from .losses import masked_mean, value_loss
-from .returns import discounted_returns, nstep_returns, td_targets
+from .._engine.checks import check_nonnegative_scalar, check_positive_int, check_seed, shown
+from ..advantages import gae
+from ..losses import masked_mean, value_loss
+from ..returns import discounted_returns, nstep_returns, td_targets
 from .world import Rollout, World
 
 __all__ = [
@@ -54,7 +54,7 @@ OPTIMIZERS = ("adam", "sgd", "exact")
 
 def _check_rollout(rollout: object, name: str = "rollout") -> Rollout:
     if not isinstance(rollout, Rollout):
-        raise TypeError(f"{name} must be a Rollout (see valuelab.world.sample), got {type(rollout).__name__}")
+        raise TypeError(f"{name} must be a Rollout (see valuelab.lab.world.sample), got {type(rollout).__name__}")
     return rollout
 
 
@@ -292,7 +292,7 @@ def fit_critic(
     state carries over refreshes, as in PPO.
 
     Args:
-        critic: a module mapping a :class:`~valuelab.world.Rollout` to ``(B, T)``
+        critic: a module mapping a :class:`~valuelab.lab.world.Rollout` to ``(B, T)``
             values, on the rollouts' device.
         data: a fixed rollout, or a function of the refresh index returning one,
             e.g. ``lambda k: sample(world, 256, gen, device=device)`` with a shared

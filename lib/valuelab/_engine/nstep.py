@@ -62,7 +62,7 @@ def fast_nstep_returns(
     but their first n terms: with :math:`\gamma\approx 1` on long rows the
     difference of two large numbers loses the small one.)
 
-    Args: compacted ``(B, T)`` tensors as :func:`valuelab._scan.compact`
+    Args: compacted ``(B, T)`` tensors as :func:`valuelab._engine.scan.compact`
     builds them (``gamma`` may be a broadcast view), ``bootstrap`` of shape
     ``(B,)``, ``n >= 1``. The result on masked (padding) slots is finite but
     meaningless: the caller zeroes it (``Prepared.out``).

@@ -2,8 +2,8 @@ r"""The PyTorch path of the fused estimators: GAE and the return in a few tensor
 
 What :func:`valuelab.gae` and :func:`valuelab.discounted_returns` run, for
 numeric γ and λ and inputs that need no gradient, on a GPU, or on a CPU where
-the C kernel (:mod:`valuelab._native`) is missing or switched off. The
-dispatcher (:func:`valuelab._problem.solve`) has validated every argument
+the C kernel (:mod:`valuelab._engine.native`) is missing or switched off. The
+dispatcher (:func:`valuelab._engine.problem.solve`) has validated every argument
 and checked finiteness before calling :func:`fused_returns`.
 """
 
@@ -14,9 +14,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ._masks import compaction_index, float_mask, right_padded_rows
-from ._toeplitz import padded_len, scan_into
-from ._workspace import scratch as _scratch
+from .masks import compaction_index, float_mask, right_padded_rows
+from .toeplitz import padded_len, scan_into
+from .workspace import scratch as _scratch
 
 __all__ = ["fused_returns", "decay"]
 
@@ -41,7 +41,7 @@ def fused_returns(
     r"""The λ-return and GAE (or, with ``values=None``, the Monte-Carlo return) end to end, for constant γ and λ.
 
     The PyTorch path (a GPU, or a CPU without the C kernel of
-    :mod:`valuelab._native`, which does the same in one pass):
+    :mod:`valuelab._engine.native`, which does the same in one pass):
     one scan instead of a TD-error pass, a scan and an add: the λ-return obeys
     its own recursion (:eq:`eq-fast-lambda-return` in :doc:`/chapters/09_fast_gae`)
 
@@ -60,7 +60,7 @@ def fused_returns(
     :math:`G'` gives :math:`G = G' - (k/c)V` (:eq:`eq-fast-u-form`): no shift
     in compacted coordinates, and :math:`k/c = (1-\lambda)/\lambda \le 1`
     amplifies no rounding. Intermediate results live in the two output
-    tensors and in reused scratch buffers (:func:`valuelab._workspace.scratch`).
+    tensors and in reused scratch buffers (:func:`valuelab._engine.workspace.scratch`).
 
     Args:
         rewards, values: ``(B, T)``, float32 or float64, same device, finite

@@ -4,8 +4,8 @@ Every return and advantage of :mod:`valuelab` is the backward linear recursion
 
 .. math::  y_t = x_t + d_t\, y_{t+1},\qquad y_T = 0,\qquad d_t\in[0,1]
 
-:eq:`eq-fast-scan` on compacted, right-padded ``(B, T)`` rows (:mod:`valuelab._scan`).
-:func:`valuelab._scan.backward_scan` solves it with one Python iteration per
+:eq:`eq-fast-scan` on compacted, right-padded ``(B, T)`` rows (:mod:`valuelab._engine.scan`).
+:func:`valuelab._engine.scan.backward_scan` solves it with one Python iteration per
 token; this module solves it with a number of tensor operations that does not
 grow with ``T`` (only with :math:`\log T`), and never divides by a product of
 decays: every coefficient is a product :math:`d_t d_{t+1}\cdots d_{j-1}\in[0,1]`
@@ -45,12 +45,12 @@ for :math:`c\in\{0, 10^{-8}, 0.5, 0.999, 1\}` and :math:`T` up to 100 000).
 :math:`y_t = c^{-t}\sum_{j\ge t} c^{j}x_j`, is kept only to show in the chapter
 why it cannot be used: :math:`c^{-t}` overflows and :math:`c^{j}` underflows.
 
-Each algorithm has its own module: :mod:`valuelab._toeplitz` (constant
-decay), :mod:`valuelab._doubling` (per-step decay), :mod:`valuelab._nstep`
-(the n-step return by sparse-table doubling), :mod:`valuelab._masks` (the
-O(T) replacement of the argsort in :func:`valuelab._scan.pack`, the
-right-padding test, the compaction index), :mod:`valuelab._blocked` (the
-PyTorch path of the fused estimators) and :mod:`valuelab._native` (the C
+Each algorithm has its own module: :mod:`valuelab._engine.toeplitz` (constant
+decay), :mod:`valuelab._engine.doubling` (per-step decay), :mod:`valuelab._engine.nstep`
+(the n-step return by sparse-table doubling), :mod:`valuelab._engine.masks` (the
+O(T) replacement of the argsort in :func:`valuelab._engine.scan.pack`, the
+right-padding test, the compaction index), :mod:`valuelab._engine.blocked` (the
+PyTorch path of the fused estimators) and :mod:`valuelab._engine.native` (the C
 kernel). This module holds the entry point :func:`fast_backward_scan`, the
 decay helper :func:`time_invariant_decay` and the formula the chapter shows
 failing (:func:`_naive_rescaled_scan`), and re-exports the helpers under
@@ -58,8 +58,8 @@ their old names.
 
 **The fused estimators.** :func:`valuelab.gae` and
 :func:`valuelab.discounted_returns` with numeric γ and λ are dispatched by
-:func:`valuelab._problem.solve`: to the C kernel on a CPU, else to
-:func:`valuelab._blocked.fused_returns` (the λ-return recursion
+:func:`valuelab._engine.problem.solve`: to the C kernel on a CPU, else to
+:func:`valuelab._engine.blocked.fused_returns` (the λ-return recursion
 :eq:`eq-fast-lambda-return` scanned once; holes compacted by one scatter,
 :eq:`eq-fast-u-form`), else -- tensor γ or λ, or inputs that need
 gradients -- to the general path built on :func:`fast_backward_scan`.
@@ -74,15 +74,15 @@ from typing import Optional, Union
 
 import torch
 
-from ._blocked import fused_returns
-from ._checks import dense, traced
-from ._doubling import affine_scan as _affine_scan
-from ._masks import compaction_index, float_mask, right_padded_rows, valid_first_order
-from ._nstep import fast_nstep_returns
-from ._toeplitz import BASE as _BASE  # noqa: F401  (chapter 9 glues the block sizes)
-from ._toeplitz import BLOCK as _BLOCK  # noqa: F401
-from ._toeplitz import toeplitz_scan as _toeplitz_scan
-from ._workspace import clear_scratch
+from .blocked import fused_returns
+from .checks import dense, traced
+from .doubling import affine_scan as _affine_scan
+from .masks import compaction_index, float_mask, right_padded_rows, valid_first_order
+from .nstep import fast_nstep_returns
+from .toeplitz import BASE as _BASE  # noqa: F401  (chapter 9 glues the block sizes)
+from .toeplitz import BLOCK as _BLOCK  # noqa: F401
+from .toeplitz import toeplitz_scan as _toeplitz_scan
+from .workspace import clear_scratch
 
 __all__ = [
     "fast_backward_scan",
@@ -103,7 +103,7 @@ def fast_backward_scan(x: torch.Tensor, d: Decay) -> torch.Tensor:
     r"""Solve :math:`y_t = x_t + d_t\,y_{t+1}`, :math:`y_T = 0` along the last axis, without a loop over tokens.
 
     Equation :eq:`eq-fast-scan`, derived in :doc:`/chapters/09_fast_gae`; the same
-    contract as :func:`valuelab._scan.backward_scan` (whose result it matches to
+    contract as :func:`valuelab._engine.scan.backward_scan` (whose result it matches to
     float rounding) with one extension: ``d`` says by its *shape* whether the
     decay changes along time.
 
@@ -190,7 +190,7 @@ def time_invariant_decay(like: torch.Tensor, *factors) -> Optional[Decay]:
 
     Each factor is what the user passed to an estimator (a float, or a tensor
     broadcastable to the data) or its validated form
-    (:class:`valuelab._problem.Problem`: a float, or a tensor broadcast to the
+    (:class:`valuelab._engine.problem.Problem`: a float, or a tensor broadcast to the
     data). When every factor is constant along time (a float, a 0-dim tensor,
     a tensor whose last dimension is 1, e.g. ``(B, 1)``, or one broadcast
     along time, stride 0), returns the product -- a float, a 0-dim tensor or a ``(B, 1)``

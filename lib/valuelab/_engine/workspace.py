@@ -1,4 +1,4 @@
-"""Reused scratch buffers for the PyTorch path of the fused estimators (:mod:`valuelab._blocked`).
+"""Reused scratch buffers for the PyTorch path of the fused estimators (:mod:`valuelab._engine.blocked`).
 
 Derived in :doc:`/chapters/09_fast_gae` (the benchmark's page faults).
 """

@@ -7,7 +7,7 @@ CUDA when present), ``--out results.csv`` to keep the numbers (a
 threads and the contenders' versions), ``--shapes 64x4096`` for
 one shape, ``--mallopt`` to switch glibc's malloc to keep freed memory (see
 :func:`keep_freed_memory`). The timings are discussed in :doc:`/chapters/09_fast_gae`;
-the stored full run is ``valuelab/data/bench_cpu.csv`` (package data: :func:`stored_run`).
+the stored full run is ``valuelab/lab/data/bench_cpu.csv`` (package data: :func:`stored_run`).
 
 For every device, dtype, batch ``B``, length ``T`` and mask kind
 (right-padded or with holes), measured in the same run, with
@@ -56,7 +56,7 @@ sensitively on big shapes (``--mallopt`` fixes them).
     kernel; elsewhere the same as ``torch``).
 ``torch``
     :func:`valuelab.gae` end to end with the C kernel switched off
-    (:func:`valuelab._native.disabled`): the PyTorch block scan, the path a
+    (:func:`valuelab._engine.native.disabled`): the PyTorch block scan, the path a
     GPU takes and the one a CPU takes without a C compiler.
 ``floor``
     One elementwise pass over the same tensors, ``torch.add(rewards, values,
@@ -114,8 +114,8 @@ from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
-from . import advantages as _advantages
-from . import _native
+from .. import advantages as _advantages
+from .._engine import native as _native
 
 GAMMA = 1.0
 LAM = 0.95
@@ -286,13 +286,13 @@ def stored_run(name: str = "bench_cpu") -> Tuple[dict, List[dict]]:
 
     ``machine`` is the run's JSON (commit, threads, versions, command) and
     ``rows`` its CSV as dicts of strings, read from the installed package
-    (``valuelab/data/<name>.json`` and ``.csv``), so the chapter needs no file
+    (``valuelab/lab/data/<name>.json`` and ``.csv``), so the chapter needs no file
     beside the notebook (e.g. on Colab). Refresh them with
-    ``python -m valuelab.bench --threads 2 --out lib/valuelab/data/bench_cpu.csv``.
+    ``python -m valuelab.bench --threads 2 --out lib/valuelab/lab/data/bench_cpu.csv``.
     """
     csv_file, json_file = _stored_file(name, ".csv"), _stored_file(name, ".json")
     if not csv_file.is_file():
-        raise ValueError(f"name: no stored run {name!r} in valuelab/data")
+        raise ValueError(f"name: no stored run {name!r} in valuelab/lab/data")
     machine = json.loads(json_file.read_text(encoding="utf-8")) if json_file.is_file() else {}
     rows = list(csv.DictReader(csv_file.read_text(encoding="utf-8").splitlines()))
     return machine, rows
@@ -301,23 +301,23 @@ def stored_run(name: str = "bench_cpu") -> Tuple[dict, List[dict]]:
 def stored_breakdown(name: str = "bench_cpu_breakdown") -> dict:
     """The stored ``--breakdown`` run ``name`` that chapter 9 reads: ``{"machine": ..., "breakdown": [...]}``.
 
-    Read from the installed package (``valuelab/data/<name>.json``). Refresh
+    Read from the installed package (``valuelab/lab/data/<name>.json``). Refresh
     it with ``python -m valuelab.bench --breakdown --threads 2 --shapes
-    64x4096,512x4096,16x32768 --out lib/valuelab/data/bench_cpu_breakdown.json``.
+    64x4096,512x4096,16x32768 --out lib/valuelab/lab/data/bench_cpu_breakdown.json``.
     """
     json_file = _stored_file(name, ".json")
     if not json_file.is_file():
-        raise ValueError(f"name: no stored breakdown {name!r} in valuelab/data")
+        raise ValueError(f"name: no stored breakdown {name!r} in valuelab/lab/data")
     return json.loads(json_file.read_text(encoding="utf-8"))
 
 
 def _stored_file(name: str, suffix: str):
-    """``valuelab/data/<name><suffix>`` in the installed package; ``name`` must be a plain name."""
+    """``valuelab/lab/data/<name><suffix>`` in the installed package; ``name`` must be a plain name."""
     from importlib import resources
 
     if not isinstance(name, str) or not name.replace("_", "").isalnum():
         raise ValueError(f"name must be the plain name of a stored run (e.g. 'bench_cpu'), got {name!r}")
-    return resources.files("valuelab") / "data" / f"{name}{suffix}"
+    return resources.files("valuelab.lab") / "data" / f"{name}{suffix}"
 
 def missing_contenders() -> Dict[str, str]:
     """``{contender: why it is not timed}`` for the optional ones (lfilter needs scipy, torchrl torchrl)."""
@@ -434,7 +434,7 @@ def keep_freed_memory() -> bool:
     fault per 4 KiB (about 2 microseconds on the benchmark's VM, i.e. 0.5 ms
     per MB, ten times the arithmetic). ``valuelab.gae`` has no intermediate
     tensors on the C kernel's path and keeps them in reused scratch buffers
-    on the PyTorch path (``valuelab._workspace.scratch``), so only its two
+    on the PyTorch path (``valuelab._engine.workspace.scratch``), so only its two
     fresh outputs can fault, and whether they do depends on
     glibc's heuristics and on what else the process allocates (the ``faults``
     column shows it). Raising ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``
@@ -732,7 +732,7 @@ def _kernel_call(r: torch.Tensor, v: torch.Tensor, m: torch.Tensor, threads: int
     """A call of the raw kernel ``valuelab_scan`` on ``r, v, m``: into ``out`` (warm buffers) or, each call, two fresh outputs.
 
     Every tensor goes through the boundary's own check (``_native._for_c``)
-    before its pointer reaches C, as in :func:`valuelab._native.scan`; what is
+    before its pointer reaches C, as in :func:`valuelab._engine.native.scan`; what is
     left out is the rest of the public call (argument checks, dispatch).
     """
     if not _native.available():  # loads it on a first use
@@ -865,7 +865,7 @@ def torchrl_dropin(B: int, T: int, dtype: str, device: str, budget_s: float, hi:
     vec_gae = _load_torchrl()
     if vec_gae is None:
         return None
-    from .integrations.torchrl import vec_generalized_advantage_estimate as dropin
+    from ..integrations.torchrl import vec_generalized_advantage_estimate as dropin
 
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(seed)

@@ -181,7 +181,7 @@ def check_mask(
     ``mask`` may be bool or real, but a real mask may only hold 0 and 1. A
     bool mask is returned as it is; one whose bytes are not all 0 or 1 (a
     ``uint8`` tensor viewed as bool) counts every nonzero byte as True on
-    every path (:meth:`valuelab._problem.Problem.torch_mask`).
+    every path (:meth:`valuelab._engine.problem.Problem.torch_mask`).
     """
     if mask is None:
         if required:  # a function whose mask is not optional: None is not "every token"

@@ -32,7 +32,7 @@ from typing import Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._checks import dense, real_number, shown
+from .._engine.checks import dense, real_number, shown
 
 __all__ = ["Interval", "t_quantile", "mean_ci", "paired_ci", "equivalence", "Equivalence", "pm", "markdown_table"]
 
@@ -120,7 +120,7 @@ def _t_tail(q: float, df: float, log_c: float) -> float:
 
 
 def t_quantile(p: float, df: int) -> float:
-    """The ``p``-quantile of Student's t with ``df`` degrees of freedom, for ``0.5 <= p < 1`` (used by :func:`valuelab.mean_ci`).
+    """The ``p``-quantile of Student's t with ``df`` degrees of freedom, for ``0.5 <= p < 1`` (used by :func:`valuelab.lab.stats.mean_ci`).
 
     Solves :math:`P(X > q) = 1 - p` by bisection on at most 200 steps (a
     bound, not a tolerance: every step halves a finite bracket, and the loop
@@ -206,7 +206,7 @@ def _as_sample(x: object, name: str) -> np.ndarray:
 def _mean_sd(a: np.ndarray) -> Tuple[float, float]:
     """Mean and sample standard deviation (``ddof=1``) of ``a``, on the scale of its largest ``|entry|``.
 
-    A power of two ``s`` with every ``|a / s| < 2`` (:func:`valuelab._checks.scale_of`):
+    A power of two ``s`` with every ``|a / s| < 2`` (:func:`valuelab._engine.checks.scale_of`):
     the sums cannot overflow, so the mean of ``[1e308, 1e308]`` is 1e308,
     not inf; the standard deviation is inf only when the true one exceeds
     the largest float (the caller refuses it).
@@ -249,7 +249,7 @@ def _interval(a: np.ndarray, level: float, name: str) -> Interval:
 
 
 def paired_ci(a: ArrayLike, b: ArrayLike, level: float = 0.95) -> Interval:
-    """The mean of ``a - b`` over paired runs (entry i of both from seed i) with its t-interval (:func:`valuelab.mean_ci` of the differences).
+    """The mean of ``a - b`` over paired runs (entry i of both from seed i) with its t-interval (:func:`valuelab.lab.stats.mean_ci` of the differences).
 
     Raises ``ValueError`` when the two arms have different numbers of runs.
     """
@@ -279,7 +279,7 @@ class Equivalence:
 def equivalence(x: ArrayLike, margin: float, alpha: float = 0.05) -> Equivalence:
     """Two one-sided tests (TOST) of ``|mean| < margin`` at level ``alpha``, for a null claim ("no practical difference").
 
-    The mean of ``x`` (per-seed differences, as for :func:`valuelab.paired_ci`) is
+    The mean of ``x`` (per-seed differences, as for :func:`valuelab.lab.stats.paired_ci`) is
     declared within ``margin`` of 0 when both one-sided t-tests reject, which
     is the same as the :math:`1 - 2\\alpha` interval
     :math:`\\bar x \\pm t_{1-\\alpha,\\,n-1}\\, s/\\sqrt n` lying inside

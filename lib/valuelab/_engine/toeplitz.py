@@ -15,9 +15,9 @@ One matrix product and one rank-one update per level. Every coefficient is a
 power :math:`c^m\in[0,1]`, computed in float64 and rounded once: nothing is
 divided, nothing overflows.
 
-Entry point: :func:`valuelab._fastscan.fast_backward_scan` (which chooses
-between this form and :mod:`valuelab._doubling`); :func:`scan_into` is the
-variant the PyTorch path of the fused estimators (:mod:`valuelab._blocked`)
+Entry point: :func:`valuelab._engine.fastscan.fast_backward_scan` (which chooses
+between this form and :mod:`valuelab._engine.doubling`); :func:`scan_into` is the
+variant the PyTorch path of the fused estimators (:mod:`valuelab._engine.blocked`)
 writes straight into its output.
 """
 
@@ -28,7 +28,7 @@ from typing import Union
 
 import torch
 
-from ._workspace import scratch
+from .workspace import scratch
 
 __all__ = ["BLOCK", "BASE", "toeplitz_scan", "scan_into", "padded_len"]
 

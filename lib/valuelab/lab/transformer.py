@@ -4,7 +4,7 @@ A production critic is a causal transformer with a linear value head on its
 last hidden states, started from the reward model. This module builds the
 smallest such model that still has to *infer* the world's state: it reads
 the prompt and the response tokens, nothing else (no position count or GOOD
-count handed to it, unlike :class:`valuelab.critic.TinyCritic`).
+count handed to it, unlike :class:`valuelab.lab.critic.TinyCritic`).
 
 **The sequence.** For prompt ``p`` and response :math:`a_0 \\dots a_{n-1}` the
 model reads :math:`x = (\\langle p\\rangle, a_0, \\dots, a_{n-1})`: position 0
@@ -45,8 +45,8 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from ._checks import check_dim, check_index_range, check_int, check_memory, check_positive_int, check_seed, dense, require_finite, require_finite_result
-from .losses import _explained_variance
+from .._engine.checks import check_dim, check_index_range, check_int, check_memory, check_positive_int, check_seed, dense, require_finite, require_finite_result
+from ..losses import _explained_variance
 from .policy import PromptBatch, PromptWorld
 
 __all__ = [
@@ -140,7 +140,7 @@ class TinyTransformer(nn.Module):
     def check_inputs(self, inputs: object) -> torch.Tensor:
         """``inputs`` if it is a long ``(n_models, B, S)`` tensor of ids in ``[0, n_tokens)`` with ``S <= max_positions``.
 
-        Dense with data behind it (``valuelab._checks.dense``: an
+        Dense with data behind it (``valuelab._engine.checks.dense``: an
         efficient zero tensor comes back materialised, a meta one is
         refused); TypeError or ValueError naming ``inputs`` otherwise.
         """

@@ -44,9 +44,9 @@ from typing import Callable, Optional, Union
 import numpy as np
 import torch
 
-from ._checks import check_device, check_nonnegative_scalar, check_positive_int, check_seed, dense
-from .advantages import td_errors
-from .rewards import kl_shaped_rewards
+from .._engine.checks import check_device, check_nonnegative_scalar, check_positive_int, check_seed, dense
+from ..advantages import td_errors
+from ..rewards import kl_shaped_rewards
 
 __all__ = [
     "EOS",
@@ -348,7 +348,7 @@ class Rollout:
 
 
 def _generator(generator: Union[int, torch.Generator], name: str = "generator") -> torch.Generator:
-    """A CPU ``torch.Generator``, or one seeded by an int seed in ``[0, 2**63 - 1]`` (``valuelab._checks.check_seed``); errors name ``name``."""
+    """A CPU ``torch.Generator``, or one seeded by an int seed in ``[0, 2**63 - 1]`` (``valuelab._engine.checks.check_seed``); errors name ``name``."""
     if isinstance(generator, torch.Generator):
         if generator.device.type != "cpu":
             raise ValueError(f"{name} must be a CPU torch.Generator, got one on {generator.device}")

@@ -4,8 +4,8 @@
  * chapters/09_fast_gae.ipynb, section "One pass in C". Built when the package
  * is installed (setup.py: a setuptools extension, optional, so that an
  * install without a C compiler still succeeds and then takes the PyTorch
- * path) into valuelab/_gae_kernel<EXT_SUFFIX>, and loaded from there by
- * valuelab/_native.py through ctypes (the entry point is valuelab_scan).
+ * path) into valuelab/_engine/_gae_kernel<EXT_SUFFIX>, and loaded from there by
+ * valuelab/_engine/native.py through ctypes (the entry point is valuelab_scan).
  * Plain C99 plus GCC/Clang vector extensions; Python.h is used only, when the
  * build finds it, for an empty module init (see the end), so the file also
  * compiles on its own: cc -O3 -ffp-contract=fast -fPIC -shared -pthread.
@@ -666,10 +666,10 @@ const char *valuelab_source_sha256(void) { return VALUELAB_SOURCE_SHA256; }
 
 #ifdef VALUELAB_PYTHON_MODULE
 /* An empty module, so that the built file is a valid extension module (importing it does nothing);
-   valuelab/_native.py never imports it: it loads the file with ctypes and calls valuelab_scan. */
+   valuelab/_engine/native.py never imports it: it loads the file with ctypes and calls valuelab_scan. */
 static struct PyModuleDef gae_kernel_module = {
-    PyModuleDef_HEAD_INIT, "valuelab._gae_kernel",
-    "valuelab's CPU kernel (valuelab/_gae_kernel.c); called through ctypes by valuelab._native.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "valuelab._engine._gae_kernel",
+    "valuelab's CPU kernel (valuelab/_engine/_gae_kernel.c); called through ctypes by valuelab._engine.native.", -1, NULL,
     NULL, NULL, NULL, NULL};
 PyMODINIT_FUNC PyInit__gae_kernel(void) { return PyModule_Create(&gae_kernel_module); }
 #endif

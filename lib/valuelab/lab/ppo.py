@@ -3,7 +3,7 @@
 A small, complete PPO loop with the defaults production trainers use: the
 clipped policy surrogate (clip 0.2), the clipped value loss, advantage
 whitening, several epochs over shuffled minibatches, Adam. The policy and the
-critic are tables over the world's states (:mod:`valuelab.policy`), so after
+critic are tables over the world's states (:mod:`valuelab.lab.policy`), so after
 every iteration the policy is evaluated exactly: its objective :math:`J(\\pi_k)`
 against :math:`J^*`, its mean length, and the exact advantages that the
 estimated ones are measured against.
@@ -25,13 +25,13 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._checks import (check_device, check_flag, check_index_range, check_like, check_mask, check_nonnegative_scalar, check_positive_int,
+from .._engine.checks import (check_device, check_flag, check_index_range, check_like, check_mask, check_nonnegative_scalar, check_positive_int,
                       check_seed, check_sequence_tensor, require_finite_result, scale_of, within_dtype)
-from .advantages import decoupled_gae, length_adaptive_lam
-from .losses import _aggregate, check_aggregation, masked_mean, masked_whiten, value_loss
+from ..advantages import decoupled_gae, length_adaptive_lam
+from ..losses import _aggregate, check_aggregation, masked_mean, masked_whiten, value_loss
 from .policy import PromptBatch, PromptWorld, evaluate_policy, reward_model_start, sample_responses, soft_optimal
-from .returns import discounted_returns
-from .runtime import pick_device
+from ..returns import discounted_returns
+from ..runtime import pick_device
 
 __all__ = [
     "policy_loss",
@@ -153,7 +153,7 @@ def group_advantages(returns: torch.Tensor, group: torch.Tensor, *, normalise: b
 
 
 def _group_advantages_scaled(returns: torch.Tensor, label: torch.Tensor, n: torch.Tensor, normalise: bool, eps: float) -> torch.Tensor:
-    """:func:`group_advantages` in float64 on each group's own power-of-two scale (:func:`valuelab._checks.scale_of`).
+    """:func:`group_advantages` in float64 on each group's own power-of-two scale (:func:`valuelab._engine.checks.scale_of`).
 
     The path taken only where the direct formula fails: a sum or a square
     that overflows the dtype (float32 ``[65504, -1.4, -1e20]`` would
@@ -246,7 +246,7 @@ class Arm:
         lam_actor: λ of the actor's advantages, or ``"adaptive"`` for
             :func:`valuelab.length_adaptive_lam` with ``alpha``.
         lam_critic: λ of the critic's target (the GAE λ-return).
-        critic_start: ``"zero"`` or ``"reward-model"`` (:func:`valuelab.policy.reward_model_start`).
+        critic_start: ``"zero"`` or ``"reward-model"`` (:func:`valuelab.lab.policy.reward_model_start`).
         warmup: iterations of value pretraining before PPO (critic only,
             Monte-Carlo targets, the initial policy's responses).
         alpha: α of the length-adaptive λ.
@@ -378,9 +378,9 @@ def train_ppo(
 ) -> PPOHistory:
     """Train PPO from :math:`\\pi_0 = \\pi_\\text{ref}` on ``world``, one run per seed, the loop of chapter 12 (:doc:`/chapters/12_critic_in_ppo`).
 
-    Each iteration k: evaluate :math:`\\pi_k` exactly (:func:`valuelab.policy.evaluate_policy`);
+    Each iteration k: evaluate :math:`\\pi_k` exactly (:func:`valuelab.lab.policy.evaluate_policy`);
     sample ``samples_per_prompt`` responses to every prompt
-    (:func:`valuelab.policy.sample_responses`); freeze the critic's values
+    (:func:`valuelab.lab.policy.sample_responses`); freeze the critic's values
     :math:`V_\\text{old}`; build advantages and targets
     (:func:`valuelab.decoupled_gae` with the arm's λs, or
     :func:`group_advantages`); whiten the advantages per run; then for each
@@ -389,7 +389,7 @@ def train_ppo(
     token mean), one Adam step for each table.
 
     Args:
-        world: from :func:`valuelab.policy.make_prompt_world`.
+        world: from :func:`valuelab.lab.policy.make_prompt_world`.
         arm: the estimator and the critic's target, see :class:`Arm`.
         seeds: one run per seed (seeds the sampling and the minibatch order).
         config: see :class:`PPOConfig`.

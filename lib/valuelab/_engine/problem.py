@@ -17,10 +17,10 @@ three backends:
 =================  =============================================  ==========================
 backend            when                                           module
 =================  =============================================  ==========================
-C kernel           numeric γ and λ, float32/64, CPU, no grad      :mod:`valuelab._native`
-PyTorch blocked    numeric γ and λ, float32/64, no grad           :mod:`valuelab._blocked`
+C kernel           numeric γ and λ, float32/64, CPU, no grad      :mod:`valuelab._engine.native`
+PyTorch blocked    numeric γ and λ, float32/64, no grad           :mod:`valuelab._engine.blocked`
 general            tensor γ or λ, other dtypes, or gradients      the estimator's own code,
-                   (reverse or forward mode)                      on :mod:`valuelab._scan`
+                   (reverse or forward mode)                      on :mod:`valuelab._engine.scan`
 =================  =============================================  ==========================
 
 Derived in :doc:`/chapters/09_fast_gae` (the fast paths) and :doc:`/chapters/05_gae`
@@ -34,9 +34,9 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from . import _native
-from ._blocked import decay, fused_returns
-from ._checks import (
+from . import native as _native
+from .blocked import decay, fused_returns
+from .checks import (
     canonical_mask,
     check_bootstrap,
     check_like,
@@ -165,7 +165,7 @@ def fast_gae(
     """``(advantages, returns)`` of :func:`valuelab.gae` for its commonest call, straight to the C kernel; else None.
 
     The commonest call -- ``(B, T)`` float32 or float64 CPU tensors C can
-    read as they are (:func:`valuelab._native.plain`), a bool mask or None,
+    read as they are (:func:`valuelab._engine.native.plain`), a bool mask or None,
     Python floats γ and λ in [0, 1], no bootstrap, nothing to differentiate,
     no ``__torch_function__`` or dispatch mode -- needs none of
     :func:`validate`'s conversions: it is recognised by O(1) queries and sent

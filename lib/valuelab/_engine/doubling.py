@@ -9,14 +9,14 @@ token's map to the end of its block (:eq:`eq-fast-doubling`); the block
 summaries satisfy the same recursion, solved recursively, and one
 multiply-add puts the carries in. Only products of decays, never a division.
 
-Entry point: :func:`valuelab._fastscan.fast_backward_scan`.
+Entry point: :func:`valuelab._engine.fastscan.fast_backward_scan`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import traced
+from .checks import traced
 
 __all__ = ["BLOCK_STEP", "affine_scan"]
 

@@ -5,7 +5,7 @@ has first been regressed onto Monte-Carlo returns of responses sampled from
 the fixed initial policy, instead of one that starts from the reward model's
 weights. The Monte-Carlo target does not depend on the critic, so this stage
 removes the initial critic's error without bootstrapping from it. It is the
-loop of :func:`valuelab.critic.fit_critic` with ``target="mc"``; this module
+loop of :func:`valuelab.lab.critic.fit_critic` with ``target="mc"``; this module
 only names the stage and checks its arguments.
 """
 
@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 
 from torch import nn
 
-from ._checks import check_nonnegative_scalar, check_positive_int
+from .._engine.checks import check_nonnegative_scalar, check_positive_int
 from .critic import OPTIMIZERS, FitHistory, fit_critic
 from .world import Rollout
 
@@ -44,7 +44,7 @@ def pretrain_value(
     with :math:`G_t` the Monte-Carlo return :eq:`eq-mc-return` of responses
     sampled from the fixed initial policy :math:`\pi_0` (the SFT model) and
     the token-mean value loss :eq:`eq-value-loss`. Calls
-    :func:`valuelab.critic.fit_critic` with ``target="mc"``: since the target
+    :func:`valuelab.lab.critic.fit_critic` with ``target="mc"``: since the target
     does not depend on the critic, a refresh only matters when ``data``
     gives a fresh batch per refresh, and the result is the same for any
     initial critic up to the optimiser's path (exactly the same with
@@ -52,8 +52,8 @@ def pretrain_value(
 
     Args:
         critic: the critic to pretrain, in place (for example a
-            :class:`~valuelab.critic.TabularCritic` or
-            :class:`~valuelab.critic.TinyCritic` that starts from a bad
+            :class:`~valuelab.lab.critic.TabularCritic` or
+            :class:`~valuelab.lab.critic.TinyCritic` that starts from a bad
             initialisation).
         data: a fixed rollout of the initial policy, or a function of the
             refresh index returning a fresh one.
@@ -62,15 +62,15 @@ def pretrain_value(
         lr: learning rate of ``"adam"`` or ``"sgd"`` (default 1e-2); with
             ``"exact"``, the step in (0, 1] toward the per-state mean of the
             returns (default 1: the exact minimiser), as in
-            :func:`valuelab.critic.fit_critic`.
+            :func:`valuelab.lab.critic.fit_critic`.
         optimizer: ``"adam"``, ``"sgd"`` or ``"exact"`` (closed-form fit of a
             tabular critic).
         gamma: discount of the returns (default: the rollout's).
         max_grad_norm, eval_rollout, callback, progress: as in
-            :func:`valuelab.critic.fit_critic`.
+            :func:`valuelab.lab.critic.fit_critic`.
 
     Returns:
-        The :class:`~valuelab.critic.FitHistory` of the fit (errors to the
+        The :class:`~valuelab.lab.critic.FitHistory` of the fit (errors to the
         exact values before and after each refresh).
     """
     if not isinstance(critic, nn.Module):

@@ -13,10 +13,10 @@ tokens are moved to the left, so every function here works on compacted,
 right-padded rows and scatters the result back (derived in
 :doc:`/chapters/01_value_function_mc`, notation page "Masks").
 
-:func:`compact` turns a validated :class:`valuelab._problem.Problem` into
+:func:`compact` turns a validated :class:`valuelab._engine.problem.Problem` into
 that form (:class:`Prepared`) for the general, differentiable path of every
-estimator; the fused backends (:mod:`valuelab._native`,
-:mod:`valuelab._blocked`) skip holes without moving anything.
+estimator; the fused backends (:mod:`valuelab._engine.native`,
+:mod:`valuelab._engine.blocked`) skip holes without moving anything.
 :func:`backward_scan` is the per-token loop, kept as the tests' and the
 chapters' oracle.
 """
@@ -28,8 +28,8 @@ from typing import Optional, Union
 
 import torch
 
-from ._masks import float_mask, right_padded_rows, valid_first_order
-from ._problem import Problem, validate
+from .masks import float_mask, right_padded_rows, valid_first_order
+from .problem import Problem, validate
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def pack(mask: torch.Tensor) -> Packed:
     """Compact a boolean (B, T) mask so that each row's valid tokens come first.
 
     A right-padded mask (the common case) is recognised by one matrix-vector
-    product and one sum (:func:`valuelab._masks.right_padded_rows`) and
+    product and one sum (:func:`valuelab._engine.masks.right_padded_rows`) and
     nothing moves.
     """
     T = mask.shape[-1]
@@ -101,11 +101,11 @@ def as_batch(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A :class:`valuelab._problem.Problem` in compacted ``(B, T)`` form, for the general (differentiable) path.
+    """A :class:`valuelab._engine.problem.Problem` in compacted ``(B, T)`` form, for the general (differentiable) path.
 
     ``gamma`` and ``lam`` are tensors (a float becomes a 0-stride one);
     ``gamma_factor`` and ``lam_factor`` are the Problem's own float or
-    broadcast tensor, for :func:`valuelab._fastscan.time_invariant_decay`.
+    broadcast tensor, for :func:`valuelab._engine.fastscan.time_invariant_decay`.
     """
 
     rewards: torch.Tensor

@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ._checks import check_dim, check_int, check_nonnegative_scalar, check_positive_int
+from .._engine.checks import check_dim, check_int, check_nonnegative_scalar, check_positive_int
 
 __all__ = ["GGUF_FILE", "PACKAGE", "INSTALL", "smollm2_gguf", "load_smollm2", "SmolLM2", "chat_prompts", "Rollout",
            "sample", "forward_states", "continue_from", "response_positions", "final_states", "monte_carlo_values", "MonteCarloValues",
@@ -84,7 +84,7 @@ def load_smollm2(device: Optional[torch.device] = None) -> SmolLM2:
     CPU cores). Raises what :func:`smollm2_gguf` raises, and
     :class:`ModuleNotFoundError` naming ``gguf`` when that package is missing.
     """
-    from .runtime import pick_device
+    from ..runtime import pick_device
 
     path = smollm2_gguf()
     if importlib.util.find_spec("gguf") is None:
