@@ -7,10 +7,10 @@ TORCH_SPEC ?= torch==2.13.0
 BIN        := $(VENV)/bin
 STAMP      := $(VENV)/.installed
 
-.PHONY: test unit nbval book colab execute mathjax clean mutation-score fuzz
+.PHONY: test unit nbval book colab execute mathjax clean mutation-score fuzz pdf
 MATHJAX    := .cache/node_modules/mathjax/es5/tex-chtml.js
 BOOK       := _build/html/.built
-BOOK_SOURCES := $(wildcard chapters/*.ipynb *.md lib/valuelab/*.py lib/valuelab/*/*.py lib/valuelab/lab/data/* _ext/*.py _static/*) \
+BOOK_SOURCES := $(wildcard chapters/*.ipynb chapters/*.zh.md *.md tools/zh.py lib/valuelab/*.py lib/valuelab/*/*.py lib/valuelab/lab/data/* _ext/*.py _static/*) \
                 _config.yml _toc.yml references.bib
 
 # The editable install also builds the C kernel (setup.py) into lib/valuelab: redone when its source changes.
@@ -55,13 +55,33 @@ nbval: $(STAMP)
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg chapters
 
-## make book: build the HTML book into _build/html (zero warnings allowed), when a source changed.
+## make book: build the HTML book into _build/html and its Chinese edition into _build/html/zh (zero warnings
+## allowed in either), when a source changed. The Chinese source, zh/, is written from the English notebooks and
+## pages plus the translations beside them (tools/zh.py build; zh/ is committed, so that Colab opens its notebooks).
 book: $(BOOK)
 $(BOOK): $(STAMP) $(BOOK_SOURCES) | mathjax
 	@echo "==> building the book into _build/html (about a minute)"
-	rm -rf _build/html _build/.doctrees
+	rm -rf _build/html _build/.doctrees _build/zh
 	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "==> building the Chinese edition into _build/html/zh (about a minute)"
+	$(BIN)/python tools/zh.py build
+	$(BIN)/jupyter-book build zh -W -n --keep-going --path-output _build/zh
+	cp -r _build/zh/_build/html _build/html/zh
 	touch $(BOOK)
+
+## make pdf: one PDF per language through LaTeX (xelatex; Debian: texlive-xetex, latexmk, fonts-noto-cjk,
+## fonts-dejavu-core, poppler-utils for the test), into _build/pdf/valuelab-book-{en,zh}.pdf, then tests/test_pdf.py
+## reads three pages of each (about 4 minutes on 2 cores; CI runs it after make test).
+pdf: $(STAMP)
+	@echo "==> the English PDF (xelatex, about 2 minutes)"
+	rm -rf _build/pdf
+	$(BIN)/jupyter-book build . --builder pdflatex --path-output _build/pdf/en
+	@echo "==> the Chinese PDF (about 2 minutes)"
+	$(BIN)/python tools/zh.py build
+	$(BIN)/jupyter-book build zh --builder pdflatex --path-output _build/pdf/zh
+	cp _build/pdf/en/_build/latex/book.pdf _build/pdf/valuelab-book-en.pdf
+	cp _build/pdf/zh/_build/latex/book.pdf _build/pdf/valuelab-book-zh.pdf
+	REQUIRE_PDF=1 $(BIN)/python -m pytest -q tests/test_pdf.py
 
 ## make colab: every chapter in a clean venv with only what Colab ships plus valuelab[book], each from a folder
 ## holding only its notebook (tools/colab_sim.py; about 8 minutes; CI runs it after make test).

@@ -70,6 +70,11 @@ def _build_offline() -> Path:
     jb = Path(sys.executable).with_name("jupyter-book")
     subprocess.run([str(jb), "build", str(ROOT), "--path-output", str(OUT), "-W", "-n", "--keep-going"],
                    check=True, capture_output=True, text=True)
+    # the Chinese edition beside it, as `make book` lays it out (tools/zh.py writes its source into zh/)
+    subprocess.run([sys.executable, str(ROOT / "tools" / "zh.py"), "build"], check=True, capture_output=True, text=True)
+    subprocess.run([str(jb), "build", str(ROOT / "zh"), "--path-output", str(OUT / "zh"), "-W", "-n", "--keep-going"],
+                   check=True, capture_output=True, text=True)
+    shutil.copytree(OUT / "zh" / "_build" / "html", OUT / "_build" / "html" / "zh")
     return OUT / "_build" / "html"
 
 
@@ -200,8 +205,12 @@ RAW_TEX = re.compile(r"\\(?:frac|sum|mathbb|mathrm|hat|left|right|gamma|lambda|d
                      r"|\$[^$\n]{2,}\$")
 
 
+# every page of both editions: the Chinese one (issue 29) is the same pages under zh/
+PAGES = _toc_pages() + ["zh/" + p for p in _toc_pages()]
+
+
 @pytest.mark.parametrize("width", list(WIDTHS))
-@pytest.mark.parametrize("page", _toc_pages())
+@pytest.mark.parametrize("page", PAGES)
 def test_page_renders(site, browser, page, width):
     browser.set_window_size(WIDTHS[width], 1600)
     browser.get(f"{site}/{page}.html")
@@ -239,5 +248,53 @@ def test_page_renders(site, browser, page, width):
         assert not cut, f"{page}: output blocks or tables cut on a phone (no horizontal scroll): {cut[:4]}"
     under = browser.execute_script(EQNO_OVERLAP)
     assert not under, f"{page}: equation numbers drawn over their equations at {width}: {under[:6]}"
-    if page == "api":
+    if page in ("api", "zh/api"):
         assert browser.execute_script(PAGE_WIDTH) <= WIDTHS[width] + 1, f"api page pans sideways at {width}"
+    if page.startswith("zh/"):
+        assert browser.execute_script("return document.documentElement.lang") == "zh-CN", page
+        assert re.search(r"[\u4e00-\u9fff]", info["text"]), f"{page}: no Chinese text"
+
+
+def test_the_chinese_fonts_are_installed():
+    # the Chinese pages and the glossary's Chinese terms need a CJK font, or the browser draws empty boxes
+    out = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip(), "no font with Chinese glyphs (Debian: fonts-noto-cjk)"
+    assert "Noto Sans CJK" in out.stdout or "Noto Serif CJK" in out.stdout, out.stdout[:300]
+
+
+SECTION_IN_VIEW = """
+const all = [...new Set(document.querySelectorAll("main article section[id], article.bd-article section[id]"))];
+let at = 0;
+all.forEach((s, i) => { if (s.getBoundingClientRect().top <= 90) at = i; });
+return {at, n: all.length, id: all[at] ? all[at].id : null};
+"""
+
+
+@pytest.mark.parametrize("page, k", [("chapters/05_gae", 4), ("chapters/12_critic_in_ppo", 6), ("notation", 2)])
+def test_the_language_switch_lands_on_the_same_section(site, browser, page, k):
+    """English page, section k in view -> the switch -> the Chinese page with its section k in view, and back."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.set_window_size(1280, 900)
+    for start, other, lang in ((page, "zh/" + page, "zh-CN"), ("zh/" + page, page, "en")):
+        browser.get(f"{site}/{start}.html")
+        browser.execute_async_script(WAIT_FOR_MATHJAX)
+        sections = browser.execute_script(
+            'return [...new Set(document.querySelectorAll("main article section[id], article.bd-article section[id]"))]'
+            '.map(s => s.id)')
+        assert len(sections) > k, f"{start}: {len(sections)} sections"
+        browser.execute_script(f"document.getElementById({sections[k]!r}).scrollIntoView();")
+        assert browser.execute_script(SECTION_IN_VIEW)["at"] == k
+        link = browser.find_element(By.CSS_SELECTOR, "a.vl-language-switch")
+        assert link.is_displayed() and link.get_attribute("hreflang") == lang
+        link.click()
+        WebDriverWait(browser, 30).until(lambda b: b.current_url.split("#")[0].split("?")[0].endswith(f"/{other}.html"))
+        browser.execute_async_script(WAIT_FOR_MATHJAX)
+        browser.execute_script(
+            'const m = /section=(\\d+)/.exec(location.search) || []; '
+            'const s = [...new Set(document.querySelectorAll("main article section[id], article.bd-article section[id]"))];'
+            'if (location.hash) { const t = document.getElementById(location.hash.slice(1)); if (t) t.scrollIntoView(); }')
+        landed = browser.execute_script(SECTION_IN_VIEW)
+        assert landed["n"] == len(sections), f"{other}: {landed['n']} sections, {start}: {len(sections)}"
+        assert landed["at"] == k, f"{start} section {k} -> {other} section {landed['at']}"

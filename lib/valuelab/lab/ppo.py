@@ -196,7 +196,7 @@ class _FitUndefined(ValueError):
 
 
 def advantage_fit(estimate: torch.Tensor, exact: torch.Tensor, mask: torch.Tensor, t_max: int) -> AdvantageFit:
-    r"""Least-squares fit :math:`\hat A_t \approx b + \kappa A^\pi_t` over valid tokens :math:`t < t_\max`, equation :eq:`eq-kappa` of chapter 12 (:doc:`/chapters/12_critic_in_ppo`).
+    r"""Least-squares fit :math:`\hat A_t \approx b + \kappa A^\pi_t` over valid tokens :math:`t < t_{\max}`, equation :eq:`eq-kappa` of chapter 12 (:doc:`/chapters/12_critic_in_ppo`).
 
     :math:`\kappa` is the fraction of the true advantage the estimate carries
     at the early tokens (chapter 10 (:doc:`/chapters/10_long_responses`)
@@ -288,7 +288,7 @@ class PPOConfig:
     ``samples_per_prompt * n_prompts`` responses per iteration and run, split
     into ``minibatches`` equal minibatches (it must divide) for each of
     ``epochs`` passes. ``value_clip=None`` turns the value clip off.
-    ``early`` is :math:`t_\\max` of the κ fit.
+    ``early`` is :math:`t_{\\max}` of the κ fit.
     """
 
     iterations: int = 100
