@@ -94,5 +94,47 @@ def test_the_latex_preamble_defines_every_mathjax_macro():
     config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["sphinx"]["config"]
     macros = config["mathjax3_config"]["tex"]["macros"]
     preamble = config["latex_elements"]["preamble"]
-    defined = dict(re.findall(r"\\newcommand\{\\(\w+)\}\{(.+)\}\s*$", preamble, flags=re.M))
+    defined = dict(re.findall(r"^\\newcommand\{\\(\w+)\}\{(.+)\}\s*$", preamble, flags=re.M))
     assert defined == {name: body for name, body in macros.items()}
+
+
+HTML = Path(os.environ.get("BOOK_HTML") or ROOT / "_build" / "html")
+
+
+def web_equation_numbers(lang: str, nb: Path) -> list:
+    """The equation numbers the chapter's web page shows, in order (the built book: make book)."""
+    page = (HTML / ("zh" if lang == "zh" else "") / "chapters" / f"{nb.stem}.html").read_text(encoding="utf-8")
+    return list(dict.fromkeys(re.findall(r'class="eqno">\(([^)<]+)\)', page)))
+
+
+@needs_pdf
+@pytest.mark.skipif(not (HTML / "zh" / "index.html").is_file(), reason="the web pages are not built (make book)")
+@pytest.mark.parametrize("lang", list(EDITIONS))
+@pytest.mark.parametrize("number", [3, 5, 12])
+def test_a_chapters_equations_are_numbered_as_on_its_web_page(lang, number):
+    # on the web chapter 5's equations are (5.1), (5.2), ...; in the PDF they must be too, inside chapter 5's pages
+    pdf, folder = EDITIONS[lang]
+    nb = next(folder.glob(f"{number:02d}_*.ipynb"))
+    web = web_equation_numbers(lang, nb)
+    assert len(web) >= 2 and all(n.startswith(f"{number}.") for n in web), (nb.name, web)
+    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout.split("\f")
+    # the chapter's pages: those whose running header names it, the opening page before them, the page after
+    pages_of = [i for i, p in enumerate(text) if re.search(rf"^Chapter {number}\.\s", p, flags=re.M)]
+    assert pages_of, f"{pdf.name}: no page headed 'Chapter {number}.'"
+    span = "\n".join(text[pages_of[0] - 1: pages_of[-1] + 2])
+    for n in web:
+        assert f"({n})" in span, f"{pdf.name}: equation ({n}) is not in chapter {number}'s pages"
+    last = int(web[-1].split(".")[1])
+    assert f"({number}.{last + 1})" not in span
+
+
+@needs_pdf
+@pytest.mark.parametrize("lang", list(EDITIONS))
+def test_no_line_runs_off_the_paper(lang):
+    # Sphinx's LaTeX pages have a 1 in (72.27 pt) side margin (sphinx.sty's hmargin); a line LaTeX reports as
+    # overfull sticks out into it. Allowed: up to 60 pt (a 12 pt gap to the paper's edge stays); the intro's
+    # table of propositions before its column widths were set stuck out 85 pt, past the edge.
+    log = (PDF / lang / "_build" / "latex" / "book.log").read_text(encoding="utf-8", errors="replace")
+    over = [float(x) for x in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
+    assert "Output written on book.pdf" in log, "not the log of the build that wrote the PDF"
+    assert max(over) < 60.0, f"{lang}: a line sticks out {max(over):.1f} pt (margin 72.3 pt)"

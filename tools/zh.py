@@ -432,7 +432,7 @@ def chinese_config() -> str:
         ("offline_mathjax: _ext", "offline_mathjax: ../_ext"),
         ("authoryear_bib: _ext", "authoryear_bib: ../_ext"),
         ("language_switch: _ext", "language_switch: ../_ext"),
-        ("proof_labels: _ext", "proof_labels: ../_ext"),
+        ("latex_fixes: _ext", "latex_fixes: ../_ext"),
         ('language_switch: {"prefix": "zh/", "label": "中文", "lang": "zh-CN"}',
          'language_switch: {"prefix": "../", "label": "English", "lang": "en"}\n    language: zh_CN'),
         ("bibtex_bibfiles:\n  - references.bib", "bibtex_bibfiles:\n  - ../references.bib"),
