@@ -331,9 +331,9 @@ def _prose(text: str) -> str:
     return body
 
 
-# English headwords too common in other senses to bind (checked through {term} roles only)
-LOOSE_TERMS = {"action", "arm", "state", "policy", "refresh", "hole", "episode", "trajectory", "kappa", "κ", "TD",
-               "GAE", "whitening", "critic"}
+# Headwords not bound in plain prose (only through {term} roles): "state" is also a verb ("the next section
+# states"), and GAE, TD and κ stay in Latin or Greek letters in the Chinese text, as its readers write them.
+LOOSE_TERMS = {"state", "TD", "GAE", "κ"}
 
 
 def terms_used(english: str) -> List[Tuple[str, str]]:
